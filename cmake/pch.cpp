@@ -1,0 +1,1 @@
+// Empty translation unit that carries the shared precompiled header (see flowtrain.cmake).

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Installs everything flowtrain needs on a fresh Debian 12 machine, and nothing twice:
+#   - Debian packages (compiler tools, yaml-cpp, spdlog, fmt, json, gtest, libpng, CLI11, the
+#     Fashion-MNIST data set), skipped when all are present;
+#   - LibTorch, as the PyPI torch==2.11.0 wheel (CUDA 13.0 build) in a virtualenv outside the
+#     repository: $FLOWTRAIN_DEPS/torch-2.11.0 (default FLOWTRAIN_DEPS=~/.cache/flowtrain), so
+#     every clone and CI run reuses it. Skipped when FLOWTRAIN_TORCH_DIR (a directory holding
+#     TorchConfig.cmake, e.g. from an NGC container) is set.
+# Prints the Torch CMake prefix on its last line.
+set -euo pipefail
+
+deb_packages=(build-essential cmake ninja-build ccache pkg-config python3-venv
+  libyaml-cpp-dev libspdlog-dev libfmt-dev nlohmann-json3-dev libgtest-dev libgmock-dev
+  libpng-dev zlib1g-dev libcli11-dev dataset-fashion-mnist)
+
+missing=()
+for p in "${deb_packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "[setup] installing Debian packages: ${missing[*]}" >&2
+  sudo_cmd=""; [ "$(id -u)" -eq 0 ] || sudo_cmd="sudo"
+  $sudo_cmd apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2
+fi
+
+if [ -n "${FLOWTRAIN_TORCH_DIR:-}" ]; then
+  [ -f "$FLOWTRAIN_TORCH_DIR/TorchConfig.cmake" ] || [ -f "$FLOWTRAIN_TORCH_DIR/Torch/TorchConfig.cmake" ] || {
+    echo "[setup] FLOWTRAIN_TORCH_DIR=$FLOWTRAIN_TORCH_DIR holds no TorchConfig.cmake" >&2; exit 1; }
+  echo "$FLOWTRAIN_TORCH_DIR"
+  exit 0
+fi
+
+deps=${FLOWTRAIN_DEPS:-$HOME/.cache/flowtrain}
+venv=$deps/torch-2.11.0
+if ! "$venv/bin/python" -c 'import torch, sys; sys.exit(torch.__version__.split("+")[0] != "2.11.0")' 2>/dev/null; then
+  echo "[setup] installing torch==2.11.0 (LibTorch, CUDA 13.0 build) into $venv" >&2
+  python3 -m venv "$venv"
+  "$venv/bin/pip" install -q --disable-pip-version-check torch==2.11.0 numpy >&2
+fi
+"$venv/bin/python" -c 'import torch; print(torch.utils.cmake_prefix_path)'

@@ -1,0 +1,42 @@
+#include "test_util.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <stdexcept>
+
+namespace fs = std::filesystem;
+
+namespace flowtrain::test {
+
+std::string scratch_dir(const std::string& name) {
+  const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+  std::string unique = name;
+  if (info) unique = std::string(info->test_suite_name()) + "." + info->name() + "." + name;
+  fs::path dir = fs::path(FLOWTRAIN_TEST_TMP) / unique;
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  return dir.string();
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw std::runtime_error("test: cannot read " + path);
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+void write_file(const std::string& path, const std::string& bytes) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  if (!out) throw std::runtime_error("test: cannot write " + path);
+  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+}
+
+std::string source_path(const std::string& relative) {
+  return (fs::path(FLOWTRAIN_SOURCE_DIR) / relative).string();
+}
+
+}  // namespace flowtrain::test

@@ -1,0 +1,132 @@
+// The run configuration: one struct per YAML section, mirroring the file one to one.
+//
+// Loading goes YAML file → (apply `--set section.key=value` overrides) → typed structs →
+// validate(). Every failure is a ConfigError whose message names the file (or "--set"), the
+// dotted key and what was allowed, e.g.
+//   configs/x.yaml:12: unknown key 'optim.lrr' (did you mean 'optim.lr'?)
+//   configs/x.yaml:7: 'train.steps' must be an integer >= 1, got 'ten'
+// Nothing is done with a config that did not validate.
+#pragma once
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace flowtrain::trainer {
+
+struct ConfigError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+struct RunConfig {
+  std::string name = "run";
+  std::string out_dir = "runs/run";
+  int64_t seed = 0;
+  std::string device = "auto";  // auto | cpu | cuda  (auto: cuda when a GPU is present)
+};
+
+struct ModelConfig {
+  std::string arch = "dit";     // dit (flux, video later)
+  std::string size = "S";       // tiny | S | B | L | XL; hidden/depth/heads > 0 override it
+  int64_t hidden = 0;           // 0 = from size
+  int64_t depth = 0;            // 0 = from size
+  int64_t heads = 0;            // 0 = from size
+  int64_t patch = 2;            // 2 | 4 | 8 (any divisor of image_size is accepted)
+  int64_t image_size = 32;      // input side (pixels or latent cells)
+  int64_t in_channels = 4;
+  int64_t num_classes = 1000;
+  double class_dropout = 0.1;   // probability a label is replaced by the null class in training
+  bool learn_sigma = false;     // true: output 2·C channels as the original DiT (second half unused)
+  double mlp_ratio = 4.0;
+
+  // Resolved from size unless given explicitly.
+  int64_t resolved_hidden() const;
+  int64_t resolved_depth() const;
+  int64_t resolved_heads() const;
+};
+
+struct FlowConfig {
+  std::string timesteps = "logit_normal";  // uniform | logit_normal
+  double logit_mean = 0.0;
+  double logit_std = 1.0;
+  double shift = 1.0;  // resolution shift alpha: t' = a·t / (1 + (a−1)·t); 1 = none
+};
+
+struct DataConfig {
+  std::string source = "fashion_mnist";  // fashion_mnist | synthetic
+  std::string path = "/usr/share/datasets/fashion-mnist";
+  int64_t batch_size = 64;  // global batch (all ranks, all micro-batches)
+  int64_t workers = 2;      // background threads assembling batches
+  int64_t prefetch = 4;     // bounded queue depth in batches
+};
+
+struct OptimConfig {
+  double lr = 1e-4;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 0.0;
+  int64_t warmup_steps = 0;
+  std::string schedule = "constant";  // constant | cosine
+  double min_lr_ratio = 0.0;          // cosine decays to lr·min_lr_ratio
+  double grad_clip = 1.0;             // global-norm clip; 0 = off
+};
+
+struct TrainConfig {
+  int64_t steps = 1000;
+  int64_t grad_accum = 1;
+  std::string precision = "fp32";  // fp32 | bf16 (bf16 autocast, fp32 master weights)
+  double ema_decay = 0.9999;       // 0 = no EMA (sampling then uses the raw weights)
+  int64_t log_every = 10;
+  int64_t threads = 0;             // intra-op CPU threads; 0 = all cores
+};
+
+struct SampleConfig {
+  int64_t every = 500;   // 0 = off
+  int64_t num = 100;     // images per grid (rows cycle through the classes)
+  int64_t steps = 50;
+  std::string sampler = "euler";  // euler | heun
+  double cfg_scale = 1.5;
+  int64_t seed = 0;
+};
+
+struct CheckpointConfig {
+  int64_t every = 500;   // 0 = off (a final checkpoint is still written at the end)
+  int64_t keep = 3;      // newest complete checkpoints kept; 0 = keep all
+  std::string resume = "auto";  // auto | never | PATH to a checkpoint directory
+};
+
+struct Config {
+  RunConfig run;
+  ModelConfig model;
+  FlowConfig flow;
+  DataConfig data;
+  OptimConfig optim;
+  TrainConfig train;
+  SampleConfig sample;
+  CheckpointConfig checkpoint;
+
+  std::string source_path;  // the YAML file it came from ("" for defaults)
+
+  // Throws ConfigError naming the key on any cross-field inconsistency
+  // (hidden % heads, image_size % patch, batch_size % grad_accum, …).
+  void validate() const;
+};
+
+// Loads a YAML file, applies overrides ("section.key=value", later wins), converts and
+// validates. Throws ConfigError.
+Config load_config(const std::string& path, const std::vector<std::string>& overrides = {});
+
+// Parses YAML text as if it came from `origin` (used for tests and for resolved configs
+// stored in checkpoints).
+Config parse_config(const std::string& yaml_text, const std::string& origin,
+                    const std::vector<std::string>& overrides = {});
+
+// The fully resolved config as YAML (every key, defaults filled in), loadable by load_config.
+std::string to_yaml(const Config& config);
+
+// Every valid dotted key ("optim.lr", …) in file order; used for "did you mean" and docs.
+std::vector<std::string> all_keys();
+
+}  // namespace flowtrain::trainer

@@ -1,0 +1,2 @@
+// Placeholder while the CLI is written (replaced in the same session).
+int main() { return 0; }
