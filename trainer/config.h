@@ -129,4 +129,9 @@ std::string to_yaml(const Config& config);
 // Every valid dotted key ("optim.lr", …) in file order; used for "did you mean" and docs.
 std::vector<std::string> all_keys();
 
+// Dotted keys whose values differ between two configs, in file order (empty = same settings;
+// source_path is not a setting). For round-trip checks and "config changed since the
+// checkpoint" messages on resume.
+std::vector<std::string> diff_keys(const Config& a, const Config& b);
+
 }  // namespace flowtrain::trainer

@@ -1,0 +1,473 @@
+// Config loading: every kind of bad input must produce a message that names where (file and
+// line, or the --set), which key, and what was allowed; good input round-trips through to_yaml.
+#include "trainer/config.h"
+
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "test_util.h"
+
+namespace flowtrain::trainer {
+namespace {
+
+// gmock is not linked into the test binaries, so no HasSubstr: this prints both strings too.
+::testing::AssertionResult Contains(const std::string& text, const std::string& part) {
+  if (text.find(part) != std::string::npos) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << "'" << text << "' does not contain '" << part << "'";
+}
+
+// The ConfigError message of `fn`, failing the test if it does not throw one.
+std::string error_of(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "expected a ConfigError";
+  return "";
+}
+
+std::string parse_error(const std::string& yaml, const std::vector<std::string>& overrides = {}) {
+  return error_of([&] { parse_config(yaml, "cfg.yaml", overrides); });
+}
+
+// Writes `yaml` to a scratch file and returns its path.
+std::string config_file(const std::string& yaml) {
+  const std::string path = test::scratch_dir("config") + "/run.yaml";
+  test::write_file(path, yaml);
+  return path;
+}
+
+std::string validate_error(const Config& c) {
+  return error_of([&] { c.validate(); });
+}
+
+// ------------------------------------------------------------------------------------------
+// Good input.
+
+TEST(ConfigTest, EmptyFileGivesDefaults) {
+  const std::string path = config_file("");
+  const Config c = load_config(path);
+  EXPECT_TRUE(diff_keys(c, Config{}).empty());
+  EXPECT_EQ(c.source_path, path);
+  EXPECT_EQ(c.optim.lr, 1e-4);
+  EXPECT_EQ(c.train.steps, 1000);
+  EXPECT_EQ(c.model.size, "S");
+}
+
+TEST(ConfigTest, CommentsAndEmptySectionsKeepDefaults) {
+  const Config c = parse_config("# nothing set\noptim:\ntrain: {}\n", "cfg.yaml");
+  EXPECT_TRUE(diff_keys(c, Config{}).empty());
+}
+
+TEST(ConfigTest, ReadsEveryTypeFromFile) {
+  const Config c = load_config(config_file(
+      "run:\n  name: mnist\n  device: cpu\n"
+      "model:\n  size: tiny\n  learn_sigma: true\n  class_dropout: 0.25\n"
+      "optim:\n  lr: 3e-4\n  warmup_steps: 100\n"
+      "train:\n  steps: 20\n"));
+  EXPECT_EQ(c.run.name, "mnist");
+  EXPECT_EQ(c.run.device, "cpu");
+  EXPECT_EQ(c.model.size, "tiny");
+  EXPECT_TRUE(c.model.learn_sigma);
+  EXPECT_EQ(c.model.class_dropout, 0.25);
+  EXPECT_EQ(c.optim.lr, 3e-4);
+  EXPECT_EQ(c.optim.warmup_steps, 100);
+  EXPECT_EQ(c.train.steps, 20);
+  // Untouched keys keep their defaults.
+  EXPECT_EQ(c.optim.beta2, 0.999);
+  EXPECT_EQ(diff_keys(c, Config{}),
+            (std::vector<std::string>{"run.name", "run.device", "model.size", "model.class_dropout", "model.learn_sigma",
+                                      "optim.lr", "optim.warmup_steps", "train.steps"}));
+}
+
+TEST(ConfigTest, AllKeysListsEverySettingInFileOrder) {
+  const std::vector<std::string> expected = {
+      "run.name", "run.out_dir", "run.seed", "run.device",
+      "model.arch", "model.size", "model.hidden", "model.depth", "model.heads", "model.patch", "model.image_size",
+      "model.in_channels", "model.num_classes", "model.class_dropout", "model.learn_sigma", "model.mlp_ratio",
+      "flow.timesteps", "flow.logit_mean", "flow.logit_std", "flow.shift",
+      "data.source", "data.path", "data.batch_size", "data.workers", "data.prefetch",
+      "optim.lr", "optim.beta1", "optim.beta2", "optim.eps", "optim.weight_decay", "optim.warmup_steps",
+      "optim.schedule", "optim.min_lr_ratio", "optim.grad_clip",
+      "train.steps", "train.grad_accum", "train.precision", "train.ema_decay", "train.log_every", "train.threads",
+      "sample.every", "sample.num", "sample.steps", "sample.sampler", "sample.cfg_scale", "sample.seed",
+      "checkpoint.every", "checkpoint.keep", "checkpoint.resume"};
+  EXPECT_EQ(all_keys(), expected);
+}
+
+// ------------------------------------------------------------------------------------------
+// File-level errors.
+
+TEST(ConfigTest, MissingFileNamesThePath) {
+  const std::string path = test::scratch_dir("config") + "/nope.yaml";
+  const std::string msg = error_of([&] { load_config(path); });
+  EXPECT_TRUE(Contains(msg, path));
+  EXPECT_TRUE(Contains(msg, "not found"));
+}
+
+TEST(ConfigTest, DirectoryInsteadOfFileIsAnError) {
+  const std::string dir = test::scratch_dir("config");
+  EXPECT_TRUE(Contains(error_of([&] { load_config(dir); }), dir));
+}
+
+TEST(ConfigTest, YamlSyntaxErrorHasFileLineAndColumn) {
+  const std::string path = config_file("optim:\n  lr: [1, 2\ntrain:\n  steps: 3\n");
+  const std::string msg = error_of([&] { load_config(path); });
+  EXPECT_TRUE(Contains(msg, path + ":"));
+  EXPECT_TRUE(Contains(msg, "YAML syntax error"));
+  // "path:LINE:COL:" — a line and a column, both numbers.
+  const std::string rest = msg.substr(path.size() + 1);
+  ASSERT_FALSE(rest.empty());
+  EXPECT_TRUE(std::isdigit(static_cast<unsigned char>(rest[0]))) << msg;
+  EXPECT_NE(rest.find(':'), std::string::npos);
+}
+
+TEST(ConfigTest, TopLevelMustBeAMap) {
+  const std::string msg = parse_error("- run\n- model\n");
+  EXPECT_TRUE(Contains(msg, "cfg.yaml:1: the top level must be a map of sections"));
+  EXPECT_TRUE(Contains(msg, "got a list"));
+}
+
+TEST(ConfigTest, SectionMustBeAMap) {
+  EXPECT_EQ(parse_error("run:\n  name: a\noptim: 5\n"), "cfg.yaml:3: 'optim' must be a map of keys, got '5'");
+}
+
+// ------------------------------------------------------------------------------------------
+// Unknown keys.
+
+TEST(ConfigTest, UnknownKeyNamesFileLineAndSuggestsNearest) {
+  const std::string path = config_file("run:\n  name: x\noptim:\n  beta1: 0.9\n  lrr: 0.001\n");
+  EXPECT_EQ(error_of([&] { load_config(path); }),
+            path + ":5: unknown key 'optim.lrr' (did you mean 'optim.lr'?)");
+}
+
+TEST(ConfigTest, UnknownKeySuggestionHandlesSwappedLetters) {
+  EXPECT_EQ(parse_error("optim:\n  weight_decya: 0\n"),
+            "cfg.yaml:2: unknown key 'optim.weight_decya' (did you mean 'optim.weight_decay'?)");
+}
+
+TEST(ConfigTest, UnknownSectionSuggestsNearestSection) {
+  EXPECT_EQ(parse_error("train:\n  steps: 3\noptm:\n  lr: 0.1\n"),
+            "cfg.yaml:3: unknown key 'optm' (did you mean 'optim'?)");
+}
+
+TEST(ConfigTest, MisplacedKeySuggestsTheSectionThatHasIt) {
+  EXPECT_EQ(parse_error("optim:\n  grad_accum: 2\n"),
+            "cfg.yaml:2: unknown key 'optim.grad_accum' (did you mean 'train.grad_accum'?)");
+}
+
+TEST(ConfigTest, UnknownKeyFarFromEverythingListsTheSectionKeys) {
+  const std::string msg = parse_error("flow:\n  completely_unrelated_setting: 1\n");
+  EXPECT_TRUE(Contains(msg, "cfg.yaml:2: unknown key 'flow.completely_unrelated_setting'"));
+  EXPECT_TRUE(Contains(msg, "timesteps, logit_mean, logit_std, shift"));
+}
+
+TEST(ConfigTest, DuplicateKeyIsRejected) {
+  EXPECT_EQ(parse_error("optim:\n  lr: 0.1\n  lr: 0.2\n"),
+            "cfg.yaml:3: duplicate key 'optim.lr' (first at line 2)");
+  EXPECT_EQ(parse_error("optim:\n  lr: 0.1\noptim:\n  eps: 0.2\n"),
+            "cfg.yaml:3: duplicate section 'optim' (first at line 1)");
+}
+
+// ------------------------------------------------------------------------------------------
+// Wrong types.
+
+TEST(ConfigTest, IntegerKeyRejectsWords) {
+  const std::string path = config_file("train:\n  grad_accum: 1\n  steps: ten\n");
+  EXPECT_EQ(error_of([&] { load_config(path); }),
+            path + ":3: 'train.steps' must be an integer >= 1, got 'ten'");
+}
+
+TEST(ConfigTest, IntegerKeyRejectsFractions) {
+  EXPECT_EQ(parse_error("data:\n  batch_size: 1.5\n"),
+            "cfg.yaml:2: 'data.batch_size' must be an integer >= 1, got '1.5'");
+}
+
+TEST(ConfigTest, NumberKeyRejectsWords) {
+  EXPECT_EQ(parse_error("optim:\n  lr: fast\n"), "cfg.yaml:2: 'optim.lr' must be a number in (0, 1], got 'fast'");
+  EXPECT_TRUE(Contains(parse_error("optim:\n  lr: .nan\n"), "'optim.lr' must be a number"));
+}
+
+TEST(ConfigTest, BoolKeyAcceptsOnlyTrueOrFalse) {
+  EXPECT_EQ(parse_error("model:\n  learn_sigma: yes\n"),
+            "cfg.yaml:2: 'model.learn_sigma' must be true or false, got 'yes'");
+  EXPECT_EQ(parse_error("model:\n  learn_sigma: 1\n"),
+            "cfg.yaml:2: 'model.learn_sigma' must be true or false, got '1'");
+}
+
+TEST(ConfigTest, ListOrMapWhereScalarExpected) {
+  EXPECT_EQ(parse_error("train:\n  steps: [1, 2]\n"), "cfg.yaml:2: 'train.steps' must be an integer >= 1, got a list");
+  EXPECT_EQ(parse_error("run:\n  name:\n    a: 1\n"), "cfg.yaml:2: 'run.name' must be a non-empty string, got a map");
+}
+
+TEST(ConfigTest, NullValueIsAnError) {
+  EXPECT_EQ(parse_error("train:\n  steps:\n"), "cfg.yaml:2: 'train.steps' must be an integer >= 1, got null");
+}
+
+// ------------------------------------------------------------------------------------------
+// Out of range / not among the choices.
+
+TEST(ConfigTest, OutOfRangeStatesTheAllowedRange) {
+  EXPECT_EQ(parse_error("optim:\n  lr: 5\n"), "cfg.yaml:2: 'optim.lr' must be in (0, 1], got 5");
+  EXPECT_EQ(parse_error("optim:\n  lr: 0\n"), "cfg.yaml:2: 'optim.lr' must be in (0, 1], got 0");
+}
+
+TEST(ConfigTest, RangesOfEveryShape) {
+  struct Case {
+    std::string yaml, expected;
+  };
+  const std::vector<Case> cases = {
+      {"train:\n  steps: 0\n", "'train.steps' must be >= 1, got 0"},
+      {"run:\n  seed: -1\n", "'run.seed' must be >= 0, got -1"},
+      {"model:\n  class_dropout: 1\n", "'model.class_dropout' must be in [0, 1), got 1"},
+      {"model:\n  mlp_ratio: 0\n", "'model.mlp_ratio' must be > 0, got 0"},
+      {"flow:\n  logit_std: -0.5\n", "'flow.logit_std' must be > 0, got -0.5"},
+      {"optim:\n  min_lr_ratio: 1.5\n", "'optim.min_lr_ratio' must be in [0, 1], got 1.5"},
+      {"optim:\n  beta2: 1\n", "'optim.beta2' must be in [0, 1), got 1"},
+      {"train:\n  ema_decay: 1.0\n", "'train.ema_decay' must be in [0, 1), got 1.0"},
+      {"data:\n  workers: -2\n", "'data.workers' must be >= 0, got -2"},
+      {"sample:\n  cfg_scale: -1\n", "'sample.cfg_scale' must be >= 0, got -1"},
+      {"checkpoint:\n  keep: -1\n", "'checkpoint.keep' must be >= 0, got -1"},
+  };
+  for (const auto& c : cases) EXPECT_EQ(parse_error(c.yaml), "cfg.yaml:2: " + c.expected) << c.yaml;
+}
+
+TEST(ConfigTest, EnumStringsAreCheckedAgainstTheirChoices) {
+  EXPECT_EQ(parse_error("flow:\n  timesteps: gauss\n"),
+            "cfg.yaml:2: 'flow.timesteps' must be one of uniform|logit_normal, got 'gauss'");
+  EXPECT_EQ(parse_error("sample:\n  sampler: rk4\n"), "cfg.yaml:2: 'sample.sampler' must be one of euler|heun, got 'rk4'");
+  EXPECT_EQ(parse_error("train:\n  precision: fp16\n"),
+            "cfg.yaml:2: 'train.precision' must be one of fp32|bf16, got 'fp16'");
+  EXPECT_EQ(parse_error("optim:\n  schedule: linear\n"),
+            "cfg.yaml:2: 'optim.schedule' must be one of constant|cosine, got 'linear'");
+}
+
+TEST(ConfigTest, RequiredStringsMustNotBeEmpty) {
+  EXPECT_EQ(parse_error("run:\n  name: ''\n"), "cfg.yaml:2: 'run.name' must be a non-empty string, got ''");
+}
+
+// ------------------------------------------------------------------------------------------
+// --set overrides.
+
+TEST(ConfigTest, OverridesSetNumbersBoolsAndStrings) {
+  const Config c = load_config(config_file("optim:\n  lr: 0.001\n"),
+                               {"optim.lr=3e-4", "model.learn_sigma=true", "run.name=sweep-7", "train.steps=42",
+                                "flow.timesteps=uniform", "run.out_dir='runs/with space'"});
+  EXPECT_EQ(c.optim.lr, 3e-4);
+  EXPECT_TRUE(c.model.learn_sigma);
+  EXPECT_EQ(c.run.name, "sweep-7");
+  EXPECT_EQ(c.train.steps, 42);
+  EXPECT_EQ(c.flow.timesteps, "uniform");
+  EXPECT_EQ(c.run.out_dir, "runs/with space");
+}
+
+TEST(ConfigTest, LaterOverrideWins) {
+  const Config c = parse_config("", "cfg.yaml", {"train.steps=5", "train.steps=7"});
+  EXPECT_EQ(c.train.steps, 7);
+}
+
+TEST(ConfigTest, OverrideIntoNullSection) {
+  const Config c = parse_config("optim:\n", "cfg.yaml", {"optim.eps=1e-6"});
+  EXPECT_EQ(c.optim.eps, 1e-6);
+}
+
+TEST(ConfigTest, OverrideUnknownKeySuggestsNearest) {
+  EXPECT_EQ(parse_error("", {"optim.lrr=1"}), "--set optim.lrr=1: unknown key 'optim.lrr' (did you mean 'optim.lr'?)");
+  EXPECT_EQ(parse_error("", {"optm.lr=1"}), "--set optm.lr=1: unknown key 'optm.lr' (did you mean 'optim.lr'?)");
+}
+
+TEST(ConfigTest, OverrideTypeAndRangeErrorsNameTheSet) {
+  // The file value is fine; the override's is not, so the message must point at the --set.
+  EXPECT_EQ(parse_error("train:\n  steps: 10\n", {"train.steps=ten"}),
+            "--set train.steps=ten: 'train.steps' must be an integer >= 1, got 'ten'");
+  EXPECT_EQ(parse_error("", {"optim.lr=5"}), "--set optim.lr=5: 'optim.lr' must be in (0, 1], got 5");
+  EXPECT_EQ(parse_error("", {"model.learn_sigma=maybe"}),
+            "--set model.learn_sigma=maybe: 'model.learn_sigma' must be true or false, got 'maybe'");
+}
+
+TEST(ConfigTest, MalformedOverride) {
+  EXPECT_EQ(parse_error("", {"optim.lr"}), "--set optim.lr: malformed override, expected section.key=value");
+  EXPECT_EQ(parse_error("", {"lr=0.1"}), "--set lr=0.1: malformed override, expected section.key=value");
+  EXPECT_EQ(parse_error("", {".lr=0.1"}), "--set .lr=0.1: malformed override, expected section.key=value");
+  EXPECT_TRUE(Contains(parse_error("", {"run.name=[oops"}), "--set run.name=[oops: cannot parse the value"));
+}
+
+// ------------------------------------------------------------------------------------------
+// to_yaml.
+
+// Every field set to something other than its default, so a key that to_yaml forgot (or wrote
+// but did not read back) shows up as a difference.
+Config everything_changed() {
+  Config c;
+  c.run = {"r2", "/tmp/out dir", 7, "cpu"};
+  c.model.size = "tiny";
+  c.model.hidden = 256;
+  c.model.depth = 3;
+  c.model.heads = 8;
+  c.model.patch = 4;
+  c.model.image_size = 28;
+  c.model.in_channels = 1;
+  c.model.num_classes = 10;
+  c.model.class_dropout = 0.15;
+  c.model.learn_sigma = true;
+  c.model.mlp_ratio = 2.5;
+  c.flow = {"uniform", -0.3, 0.7, 3.0};
+  c.data = {"synthetic", "", 96, 0, 2};
+  c.optim = {3e-4, 0.8, 0.95, 1e-6, 0.01, 50, "cosine", 0.1, 0.0};
+  c.train = {12345, 3, "bf16", 0.999, 5, 2};
+  c.sample = {0, 16, 20, "heun", 4.0, 99};
+  c.checkpoint = {100, 0, "never"};
+  return c;
+}
+
+TEST(ConfigTest, ToYamlRoundTripsEveryField) {
+  for (const Config& c : {Config{}, everything_changed()}) {
+    const std::string text = to_yaml(c);
+    const Config back = parse_config(text, "resolved.yaml");
+    EXPECT_EQ(diff_keys(c, back), std::vector<std::string>{}) << text;
+    EXPECT_EQ(to_yaml(back), text);
+  }
+  // And every field of everything_changed() really differs from the defaults.
+  EXPECT_EQ(diff_keys(Config{}, everything_changed()).size(), all_keys().size() - 1);  // arch has one choice
+}
+
+TEST(ConfigTest, ToYamlRoundTripsAwkwardValues) {
+  Config c;
+  c.run.name = "true";  // must stay a string, not turn into a bool
+  c.run.out_dir = "123";
+  c.data.path = "";
+  c.checkpoint.resume = "null";
+  c.optim.lr = 0.1 + 0.2;  // not exactly representable in few digits
+  c.optim.eps = 1e-300;
+  c.flow.logit_mean = -1.0 / 3.0;
+  const Config back = parse_config(to_yaml(c), "resolved.yaml");
+  EXPECT_EQ(diff_keys(c, back), std::vector<std::string>{}) << to_yaml(c);
+  EXPECT_EQ(back.optim.lr, 0.1 + 0.2);
+}
+
+TEST(ConfigTest, ToYamlWritesEveryKeyWithHelp) {
+  const std::string text = to_yaml(Config{});
+  for (const auto& key : all_keys()) {
+    const std::string name = key.substr(key.find('.') + 1);
+    EXPECT_TRUE(Contains(text, "  " + name + ": ")) << key;
+  }
+  EXPECT_TRUE(Contains(text, "  lr: 1.0e-04  # peak learning rate\n"));
+  EXPECT_TRUE(Contains(text, "# width; 0 = from size (resolves to 384)"));
+}
+
+TEST(ConfigTest, ToYamlOutputLoadsFromDisk) {
+  const std::string path = config_file(to_yaml(everything_changed()));
+  EXPECT_TRUE(diff_keys(load_config(path), everything_changed()).empty());
+}
+
+// ------------------------------------------------------------------------------------------
+// Size resolution.
+
+TEST(ConfigTest, SizePresetsResolve) {
+  struct Case {
+    std::string size;
+    int64_t depth, hidden, heads;
+  };
+  for (const Case& s : std::vector<Case>{{"tiny", 4, 128, 4}, {"S", 12, 384, 6}, {"B", 12, 768, 12},
+                                         {"L", 24, 1024, 16}, {"XL", 28, 1152, 16}}) {
+    const Config c = parse_config("model:\n  size: " + s.size + "\n", "cfg.yaml");
+    EXPECT_EQ(c.model.resolved_depth(), s.depth) << s.size;
+    EXPECT_EQ(c.model.resolved_hidden(), s.hidden) << s.size;
+    EXPECT_EQ(c.model.resolved_heads(), s.heads) << s.size;
+  }
+}
+
+TEST(ConfigTest, ExplicitDimensionsOverrideTheSize) {
+  const Config c = parse_config("model:\n  size: B\n  hidden: 96\n  depth: 2\n", "cfg.yaml");
+  EXPECT_EQ(c.model.resolved_hidden(), 96);
+  EXPECT_EQ(c.model.resolved_depth(), 2);
+  EXPECT_EQ(c.model.resolved_heads(), 12);  // still from B
+}
+
+TEST(ConfigTest, UnknownSizeIsRejected) {
+  EXPECT_EQ(parse_error("model:\n  size: M\n"), "cfg.yaml:2: 'model.size' must be one of tiny|S|B|L|XL, got 'M'");
+}
+
+// ------------------------------------------------------------------------------------------
+// Cross-field validation (Config::validate), both on a Config built in code and through a file.
+
+TEST(ConfigValidateTest, DefaultsAreValid) { EXPECT_NO_THROW(Config{}.validate()); }
+
+TEST(ConfigValidateTest, HiddenMustBeDivisibleByHeads) {
+  Config c;
+  c.model.heads = 5;  // S: hidden 384
+  EXPECT_EQ(validate_error(c), "'model.hidden' (384, from model.size) must be divisible by 'model.heads' (5)");
+  c.model.hidden = 100;
+  c.model.heads = 0;
+  EXPECT_EQ(validate_error(c), "'model.hidden' (100) must be divisible by 'model.heads' (6, from model.size)");
+}
+
+TEST(ConfigValidateTest, HiddenMustBeDivisibleByFour) {
+  Config c;
+  c.model.hidden = 6;
+  c.model.heads = 3;
+  EXPECT_TRUE(Contains(validate_error(c), "'model.hidden' (6) must be divisible by 4"));
+}
+
+TEST(ConfigValidateTest, ImageSizeMustBeDivisibleByPatch) {
+  Config c;
+  c.model.image_size = 30;
+  c.model.patch = 4;
+  EXPECT_EQ(validate_error(c), "'model.image_size' (30) must be divisible by 'model.patch' (4)");
+}
+
+TEST(ConfigValidateTest, BatchSizeMustBeDivisibleByGradAccum) {
+  Config c;
+  c.data.batch_size = 10;
+  c.train.grad_accum = 4;
+  EXPECT_EQ(validate_error(c), "'data.batch_size' (10) must be divisible by 'train.grad_accum' (4)");
+}
+
+TEST(ConfigValidateTest, SampleNumMustBePositive) {
+  Config c;
+  c.sample.every = 100;
+  c.sample.num = 0;
+  EXPECT_EQ(validate_error(c), "'sample.num' must be >= 1, got 0");
+}
+
+TEST(ConfigValidateTest, ResumeMustBeAutoNeverOrAPath) {
+  Config c;
+  c.checkpoint.resume = "";
+  EXPECT_EQ(validate_error(c), "'checkpoint.resume' must be a non-empty string, got ''");
+  c.checkpoint.resume = "runs/a/ckpt-000100";
+  EXPECT_NO_THROW(c.validate());
+}
+
+TEST(ConfigValidateTest, ChoicesAreCheckedForConfigsBuiltInCode) {
+  Config c;
+  c.run.device = "tpu";
+  EXPECT_EQ(validate_error(c), "'run.device' must be one of auto|cpu|cuda, got 'tpu'");
+  c = Config{};
+  c.model.arch = "unet";
+  EXPECT_EQ(validate_error(c), "'model.arch' must be one of dit, got 'unet'");
+  c = Config{};
+  c.data.source = "imagenet";
+  EXPECT_EQ(validate_error(c), "'data.source' must be one of fashion_mnist|synthetic, got 'imagenet'");
+  c = Config{};
+  c.model.size = "M";
+  EXPECT_EQ(validate_error(c), "'model.size' must be one of tiny|S|B|L|XL, got 'M'");
+  c = Config{};
+  c.optim.lr = 2;
+  EXPECT_EQ(validate_error(c), "'optim.lr' must be in (0, 1], got 2.0");
+}
+
+TEST(ConfigValidateTest, CrossFieldErrorsFromAFileNameTheFile) {
+  const std::string path = config_file("data:\n  batch_size: 10\ntrain:\n  grad_accum: 3\n");
+  EXPECT_EQ(error_of([&] { load_config(path); }),
+            path + ": 'data.batch_size' (10) must be divisible by 'train.grad_accum' (3)");
+  // An override can create the inconsistency too.
+  EXPECT_TRUE(Contains(error_of([&] { load_config(path, {"train.grad_accum=4"}); }), "'train.grad_accum' (4)"));
+  EXPECT_NO_THROW(load_config(path, {"train.grad_accum=2"}));
+}
+
+}  // namespace
+}  // namespace flowtrain::trainer
