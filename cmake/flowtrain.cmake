@@ -11,7 +11,19 @@ function(flowtrain_library name)
   flowtrain_target_defaults(flowtrain_${name})
 endfunction()
 
+# LibTorch's include directory carries its own fmt 12 headers, which would shadow Debian's fmt 9
+# that spdlog 1.10 is built against (spdlog does not compile with fmt 12). A shim directory with
+# only a `fmt` link to the system copy goes first on every include path, so all of flowtrain
+# sees one fmt (9, linked from libfmt). LibTorch's own compiled fmt lives in another inline
+# namespace (fmt::v12), so the two never meet at link time.
+get_target_property(_fmt_includes fmt::fmt INTERFACE_INCLUDE_DIRECTORIES)
+list(GET _fmt_includes 0 _fmt_include)
+set(FLOWTRAIN_FMT_SHIM ${PROJECT_BINARY_DIR}/fmt-shim)
+file(MAKE_DIRECTORY ${FLOWTRAIN_FMT_SHIM})
+file(CREATE_LINK ${_fmt_include}/fmt ${FLOWTRAIN_FMT_SHIM}/fmt SYMBOLIC)
+
 function(flowtrain_target_defaults target)
+  target_include_directories(${target} SYSTEM BEFORE PRIVATE ${FLOWTRAIN_FMT_SHIM})
   target_compile_options(${target} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Wno-unused-parameter>)
   if(FLOWTRAIN_PCH)
     # One PCH for every target (reused, not rebuilt): the LibTorch headers dominate compile time.
@@ -24,7 +36,8 @@ endfunction()
 # The PCH carrier: an object library that only exists to build the precompiled header once.
 if(FLOWTRAIN_PCH AND NOT TARGET flowtrain_pch)
   add_library(flowtrain_pch OBJECT ${PROJECT_SOURCE_DIR}/cmake/pch.cpp)
-  target_link_libraries(flowtrain_pch PUBLIC ${TORCH_LIBRARIES})
+  target_link_libraries(flowtrain_pch PUBLIC ${TORCH_LIBRARIES} fmt::fmt)
+  target_include_directories(flowtrain_pch SYSTEM BEFORE PRIVATE ${FLOWTRAIN_FMT_SHIM})
   target_compile_options(flowtrain_pch PRIVATE -Wall -Wextra -Wno-unused-parameter)
   target_precompile_headers(flowtrain_pch PRIVATE
     <ATen/ATen.h> <torch/nn/module.h> <torch/nn/modules/linear.h>

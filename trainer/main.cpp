@@ -1,2 +1,139 @@
-// Placeholder while the CLI is written (replaced in the same session).
-int main() { return 0; }
+// flowtrain — the command line. Each subcommand parses its flags, then calls one library entry
+// point; every user-facing failure arrives here as a typed exception and leaves as one clear
+// error line and a non-zero exit code (2: bad config or usage, 1: anything else).
+#include "data/data_error.h"
+#include "models/dit.h"
+#include "trainer/builders.h"
+#include "trainer/checkpoint.h"
+#include "trainer/config.h"
+#include "trainer/export.h"
+#include "trainer/run_log.h"
+#include "trainer/sample_grid.h"
+#include "trainer/trainer.h"
+
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include <cstdio>
+
+using namespace flowtrain;
+
+namespace {
+
+struct ConfigArgs {
+  std::string path;
+  std::vector<std::string> overrides;
+  void add_to(CLI::App* cmd) {
+    cmd->add_option("-c,--config", path, "YAML run config (see configs/)")->required()->check(CLI::ExistingFile);
+    cmd->add_option("--set", overrides, "override a config key: --set optim.lr=3e-4 (repeatable)");
+  }
+  trainer::Config load() const { return trainer::load_config(path, overrides); }
+};
+
+int cmd_config(const ConfigArgs& args) {
+  trainer::Config c = args.load();
+  const auto dit = trainer::dit_options(c.model);
+  models::DiT model(dit);
+  std::printf("# resolved config of %s\n", c.source_path.c_str());
+  std::printf("# model: %.3fM parameters, %.4f GFLOP per training sample (3x forward; %ld tokens)\n",
+              models::count_parameters(*model) / 1e6, models::dit_train_flops_per_sample(dit) / 1e9,
+              static_cast<long>(dit.num_tokens()));
+  std::printf("%s\n", trainer::to_yaml(c).c_str());
+  return 0;
+}
+
+int cmd_sample(const ConfigArgs& args, const std::string& checkpoint, std::string out, double cfg_scale,
+               int64_t steps, bool raw) {
+  trainer::Config c = args.load();
+  if (cfg_scale >= 0) c.sample.cfg_scale = cfg_scale;
+  if (steps > 0) c.sample.steps = steps;
+  trainer::setup_logging("");
+  trainer::configure_threads(c.train);
+  const c10::Device device = trainer::select_device(c.run);
+  trainer::CheckpointContents ckpt = trainer::load_checkpoint(checkpoint);
+  models::DiT model = trainer::build_model(c.model);
+  const bool use_ema = !raw && !ckpt.ema.empty();
+  trainer::load_state_dict(*model, use_ema ? ckpt.ema : ckpt.model,
+                           checkpoint + (use_ema ? "/ema.safetensors" : "/model.safetensors"));
+  model->to(device);
+  at::Tensor samples = trainer::generate_samples(model, c.sample, c.flow, c.model.num_classes, device);
+  // One column per class of the data set when the model has more class slots than shown.
+  trainer::write_sample_grid(out, samples, std::min<int64_t>(c.model.num_classes, 10));
+  spdlog::info("wrote {} ({} samples from {} weights at step {}, {} {} steps, cfg {})", out, c.sample.num,
+               use_ema ? "EMA" : "raw", ckpt.progress.step, c.sample.sampler, c.sample.steps, c.sample.cfg_scale);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"flowtrain: native C++ trainer for diffusion transformers (DiT) with flow matching"};
+  app.set_version_flag("--version", std::string("flowtrain ") + FLOWTRAIN_VERSION);
+  app.require_subcommand(1);
+
+  ConfigArgs train_args, sample_args, config_args;
+  auto* train = app.add_subcommand("train", "train a model from a YAML config");
+  train_args.add_to(train);
+
+  auto* sample = app.add_subcommand("sample", "write a class-conditional sample grid from a checkpoint");
+  sample_args.add_to(sample);
+  std::string sample_checkpoint, sample_out = "grid.png";
+  double sample_cfg = -1;
+  int64_t sample_steps = 0;
+  bool sample_raw = false;
+  sample->add_option("--checkpoint", sample_checkpoint, "checkpoint directory (…/checkpoints/step-NNNNNNN)")->required();
+  sample->add_option("--out", sample_out, "output PNG")->capture_default_str();
+  sample->add_option("--cfg-scale", sample_cfg, "classifier-free guidance scale (default: sample.cfg_scale)");
+  sample->add_option("--steps", sample_steps, "sampler steps (default: sample.steps)");
+  sample->add_flag("--raw", sample_raw, "use the raw weights instead of the EMA weights");
+
+  auto* exporter = app.add_subcommand("export", "write a checkpoint's weights as one safetensors file");
+  trainer::ExportOptions export_options;
+  exporter->add_option("--checkpoint", export_options.checkpoint_dir, "checkpoint directory")->required();
+  exporter->add_option("--out", export_options.out_path, "output .safetensors file")->required();
+  exporter->add_flag("--ema", export_options.ema, "export the EMA weights");
+  exporter->add_option("--dtype", export_options.dtype, "fp32 | bf16")
+      ->check(CLI::IsMember({"fp32", "bf16"}))
+      ->capture_default_str();
+
+  auto* config = app.add_subcommand("config", "print the fully resolved config (defaults filled in)");
+  config_args.add_to(config);
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+
+  try {
+    if (*train) {
+      trainer::Trainer t(train_args.load());
+      t.run();
+      return 0;
+    }
+    if (*sample) return cmd_sample(sample_args, sample_checkpoint, sample_out, sample_cfg, sample_steps, sample_raw);
+    if (*exporter) {
+      auto names = trainer::export_checkpoint(export_options);
+      std::fprintf(stderr, "exported %zu tensors to %s\n", names.size(), export_options.out_path.c_str());
+      return 0;
+    }
+    if (*config) return cmd_config(config_args);
+  } catch (const trainer::ConfigError& e) {
+    std::fprintf(stderr, "flowtrain: config error: %s\n", e.what());
+    return 2;
+  } catch (const data::DataError& e) {
+    std::fprintf(stderr, "flowtrain: data error: %s\n", e.what());
+    return 1;
+  } catch (const trainer::CheckpointError& e) {
+    std::fprintf(stderr, "flowtrain: checkpoint error: %s\n", e.what());
+    return 1;
+  } catch (const trainer::TrainingError& e) {
+    std::fprintf(stderr, "flowtrain: training stopped: %s\n", e.what());
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "flowtrain: error: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,22 @@
+// An in-memory labelled image set: what the IDX source (Fashion-MNIST) and the synthetic source
+// produce, and what the loader draws batches from.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+
+namespace flowtrain::data {
+
+struct ImageDataset {
+  at::Tensor images;        // uint8 [N, C, H, W]
+  at::Tensor labels;        // int64 [N]
+  int64_t num_classes = 0;
+  int64_t size() const { return images.defined() ? images.size(0) : 0; }
+};
+
+// N random images with random labels, a pure function of the seed: for benchmarks and tests
+// that must not depend on a data set being installed.
+ImageDataset make_synthetic_dataset(int64_t n, int64_t channels, int64_t side, int64_t num_classes, uint64_t seed);
+
+}  // namespace flowtrain::data

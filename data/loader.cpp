@@ -1,0 +1,162 @@
+#include "data/loader.h"
+
+#include "data/data_error.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <fmt/format.h>
+
+#include <numeric>
+
+namespace flowtrain::data {
+
+namespace {
+
+// splitmix64: a tiny, well-mixed PRNG whose sequence is fixed forever (unlike std:: engines'
+// distributions, which differ between standard libraries).
+struct SplitMix64 {
+  uint64_t state;
+  uint64_t next() {
+    uint64_t z = (state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+  }
+  uint64_t below(uint64_t n) { return next() % n; }  // bias < n / 2^64: irrelevant here
+};
+
+}  // namespace
+
+std::vector<int64_t> epoch_order(int64_t n, uint64_t seed, int64_t epoch) {
+  std::vector<int64_t> order(n);
+  std::iota(order.begin(), order.end(), 0);
+  SplitMix64 rng{seed * 0x100000001B3ull ^ (static_cast<uint64_t>(epoch) + 0x51ED27ull)};
+  for (int64_t i = n - 1; i > 0; --i) std::swap(order[i], order[rng.below(static_cast<uint64_t>(i) + 1)]);
+  return order;
+}
+
+ImageDataset make_synthetic_dataset(int64_t n, int64_t channels, int64_t side, int64_t num_classes, uint64_t seed) {
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+  ImageDataset d;
+  d.images = at::randint(0, 256, {n, channels, side, side}, gen, at::TensorOptions().dtype(at::kByte));
+  d.labels = at::randint(0, num_classes, {n}, gen, at::TensorOptions().dtype(at::kLong));
+  d.num_classes = num_classes;
+  return d;
+}
+
+Loader::Loader(std::shared_ptr<const ImageDataset> dataset, LoaderOptions options, LoaderState start)
+    : dataset_(std::move(dataset)), options_(options), cursor_(start), consumed_(start) {
+  if (options_.global_batch % options_.world != 0)
+    throw DataError(fmt::format("data.batch_size {} is not divisible by the {} data-parallel ranks",
+                                options_.global_batch, options_.world));
+  if (dataset_->size() < options_.global_batch)
+    throw DataError(fmt::format("the data set has {} samples, fewer than one batch of {}", dataset_->size(),
+                                options_.global_batch));
+  if (start.position < 0 || start.position > dataset_->size() || start.epoch < 0)
+    throw DataError(fmt::format("loader state (epoch {}, position {}) is outside a data set of {} samples",
+                                start.epoch, start.position, dataset_->size()));
+  const int64_t side = dataset_->images.size(2);
+  if (options_.image_size != 0 && options_.image_size < side)
+    throw DataError(fmt::format("model.image_size {} is smaller than the data's {}×{} images", options_.image_size,
+                                side, side));
+  local_batch_ = options_.global_batch / options_.world;
+  for (int64_t i = 0; i < options_.workers; ++i) threads_.emplace_back([this] { worker_loop(); });
+}
+
+Loader::~Loader() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stopping_ = true;
+  }
+  space_cv_.notify_all();
+  ready_cv_.notify_all();
+  for (auto& t : threads_) t.join();
+}
+
+int64_t Loader::batches_per_epoch() const { return dataset_->size() / options_.global_batch; }
+
+LoaderState Loader::state() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return consumed_;
+}
+
+Loader::Task Loader::claim_task() {
+  if (cursor_.position + options_.global_batch > dataset_->size()) cursor_ = {cursor_.epoch + 1, 0};
+  Task task{next_task_++, cursor_};
+  cursor_.position += options_.global_batch;
+  return task;
+}
+
+Batch Loader::assemble(const LoaderState& start) {
+  std::shared_ptr<const std::vector<int64_t>> order;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (order_epoch_ != start.epoch) {
+      order_ = std::make_shared<const std::vector<int64_t>>(epoch_order(dataset_->size(), options_.seed, start.epoch));
+      order_epoch_ = start.epoch;
+    }
+    order = order_;
+  }
+  // This rank's contiguous slice of the global batch.
+  const int64_t first = start.position + options_.rank * local_batch_;
+  at::Tensor index = at::empty({local_batch_}, at::TensorOptions().dtype(at::kLong));
+  auto* idx = index.data_ptr<int64_t>();
+  for (int64_t i = 0; i < local_batch_; ++i) idx[i] = (*order)[first + i];
+
+  Batch batch;
+  // uint8 0..255 -> [−1, 1]
+  batch.images = dataset_->images.index_select(0, index).to(at::kFloat).div_(127.5).sub_(1.0);
+  batch.labels = dataset_->labels.index_select(0, index);
+  const int64_t side = batch.images.size(2);
+  if (options_.image_size > side) {
+    const int64_t before = (options_.image_size - side) / 2, after = options_.image_size - side - before;
+    batch.images = at::constant_pad_nd(batch.images, {before, after, before, after}, -1.0);
+  }
+  batch.state_after = {start.epoch, start.position + options_.global_batch};
+  return batch;
+}
+
+void Loader::worker_loop() {
+  for (;;) {
+    Task task;
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      space_cv_.wait(lock, [&] { return stopping_ || next_task_ < next_to_hand_out_ + options_.prefetch; });
+      if (stopping_) return;
+      task = claim_task();
+    }
+    try {
+      Batch batch = assemble(task.start);
+      std::lock_guard<std::mutex> lock(mutex_);
+      ready_.emplace(task.index, std::move(batch));
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (!error_) error_ = std::current_exception();
+    }
+    ready_cv_.notify_all();
+  }
+}
+
+Batch Loader::next() {
+  if (threads_.empty()) {  // synchronous mode
+    Task task;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      task = claim_task();
+      ++next_to_hand_out_;
+    }
+    Batch batch = assemble(task.start);
+    std::lock_guard<std::mutex> lock(mutex_);
+    consumed_ = batch.state_after;
+    return batch;
+  }
+  std::unique_lock<std::mutex> lock(mutex_);
+  ready_cv_.wait(lock, [&] { return error_ || ready_.count(next_to_hand_out_); });
+  if (error_) std::rethrow_exception(error_);
+  auto node = ready_.extract(next_to_hand_out_++);
+  consumed_ = node.mapped().state_after;
+  lock.unlock();
+  space_cv_.notify_all();
+  return std::move(node.mapped());
+}
+
+}  // namespace flowtrain::data

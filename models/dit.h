@@ -1,0 +1,94 @@
+// DiT: Scalable Diffusion Models with Transformers (Peebles & Xie, 2023), as in
+// facebookresearch/DiT models.py, trained here with flow matching (models/flow_matching.h).
+//
+//   x [B, C, H, W] ─ x_embedder (patchify) ─ + pos_embed ─▶ tokens [B, T, D]
+//   t [B] ─ t_embedder ─┐
+//   y [B] ─ y_embedder ─┴─ c = t_emb + y_emb [B, D]
+//   tokens ─ blocks[0..depth) (adaLN-Zero, conditioned on c) ─ final_layer ─ unpatchify ─▶ [B, C_out, H, W]
+//
+// Parameter names and shapes equal the reference checkpoints (x_embedder.proj.weight,
+// blocks.0.adaLN_modulation.1.weight, final_layer.linear.weight, …).
+#pragma once
+
+#include "models/layers.h"
+
+#include <torch/nn/modules/container/modulelist.h>
+
+#include <string>
+
+namespace flowtrain::models {
+
+struct DiTOptions {
+  int64_t input_size = 32;    // H = W of the input (pixels or latent cells)
+  int64_t patch = 2;
+  int64_t in_channels = 4;
+  int64_t hidden = 1152;
+  int64_t depth = 28;
+  int64_t heads = 16;
+  double mlp_ratio = 4.0;
+  int64_t num_classes = 1000;
+  bool learn_sigma = true;    // output 2·C channels (reference DiT); flow matching uses the first C
+  // Flow time t ∈ [0, 1] is multiplied by this before the sinusoidal embedding, so the
+  // embedding's frequencies (periods 2π … 2π·10⁴) see a useful range (Flux convention: 1000).
+  double timestep_scale = 1000.0;
+
+  int64_t out_channels() const { return learn_sigma ? 2 * in_channels : in_channels; }
+  int64_t grid() const { return input_size / patch; }
+  int64_t num_tokens() const { return grid() * grid(); }
+  int64_t mlp_hidden() const { return static_cast<int64_t>(hidden * mlp_ratio); }
+};
+
+// Named reference sizes: "S", "B", "L", "XL" (DiT paper, Table 1) and "tiny" (tests, CPU demo).
+// Sets depth/hidden/heads on a copy of `base`. Throws std::invalid_argument for other names.
+DiTOptions dit_size(const std::string& name, DiTOptions base = {});
+
+// One DiT block with adaLN-Zero conditioning.
+struct DiTBlockImpl : torch::nn::Module {
+  DiTBlockImpl(int64_t hidden, int64_t heads, int64_t mlp_hidden, AttentionFn attention);
+  at::Tensor forward(const at::Tensor& x, const at::Tensor& c);  // [B, T, D], [B, D]
+  Attention attn{nullptr};
+  Mlp mlp{nullptr};
+  torch::nn::Sequential adaLN_modulation{nullptr};  // [SiLU, Linear(D, 6D)]
+};
+TORCH_MODULE(DiTBlock);
+
+// Final adaLN (shift, scale) + Linear(D, p²·C_out).
+struct FinalLayerImpl : torch::nn::Module {
+  FinalLayerImpl(int64_t hidden, int64_t patch, int64_t out_channels);
+  at::Tensor forward(const at::Tensor& x, const at::Tensor& c);  // -> [B, T, p²·C_out]
+  torch::nn::Linear linear{nullptr};
+  torch::nn::Sequential adaLN_modulation{nullptr};  // [SiLU, Linear(D, 2D)]
+};
+TORCH_MODULE(FinalLayer);
+
+struct DiTImpl : torch::nn::Module {
+  explicit DiTImpl(const DiTOptions& options, AttentionFn attention = default_attention());
+
+  // x [B, C, H, W], t [B] flow time in [0, 1], y [B] labels (num_classes = null class)
+  // -> [B, C_out, H, W]
+  at::Tensor forward(const at::Tensor& x, const at::Tensor& t, const at::Tensor& y);
+
+  // [B, T, p²·C] -> [B, C, H, W]; each token's features are ordered (p, q, c) (row, col, channel).
+  at::Tensor unpatchify(const at::Tensor& tokens) const;
+
+  // The reference initialisation (DiT.initialize_weights), drawn from the global CPU generator.
+  void initialize_weights();
+
+  DiTOptions options;
+  PatchEmbed x_embedder{nullptr};
+  TimestepEmbedder t_embedder{nullptr};
+  LabelEmbedder y_embedder{nullptr};
+  at::Tensor pos_embed;  // [1, T, D], a fixed (requires_grad = false) parameter, as the reference
+  torch::nn::ModuleList blocks{nullptr};
+  FinalLayer final_layer{nullptr};
+};
+TORCH_MODULE(DiT);
+
+// Counts and costs used in start-up logs and MFU.
+int64_t count_parameters(const torch::nn::Module& module);  // every parameter, pos_embed included
+// Training FLOPs per sample (3 × forward) from the layer shapes: linears 2·in·out per token,
+// attention 4·T·D per token per block (q·kᵀ and p·v), adaLN per sample. See notes/models.md.
+double dit_forward_flops_per_sample(const DiTOptions& o);
+inline double dit_train_flops_per_sample(const DiTOptions& o) { return 3.0 * dit_forward_flops_per_sample(o); }
+
+}  // namespace flowtrain::models

@@ -1,0 +1,110 @@
+#include "models/layers.h"
+
+#include <torch/nn/modules/activation.h>
+
+#include <cmath>
+
+namespace flowtrain::models {
+
+AttentionFn default_attention() {
+  return [](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+    return at::scaled_dot_product_attention(q, k, v);
+  };
+}
+
+torch::nn::Linear make_linear(int64_t in_features, int64_t out_features, bool bias) {
+  return torch::nn::Linear(torch::nn::LinearOptions(in_features, out_features).bias(bias));
+}
+
+at::Tensor modulate(const at::Tensor& x, const at::Tensor& shift, const at::Tensor& scale) {
+  return x * (1 + scale.unsqueeze(1)) + shift.unsqueeze(1);
+}
+
+at::Tensor layer_norm_no_affine(const at::Tensor& x) {
+  return at::layer_norm(x, {x.size(-1)}, /*weight=*/{}, /*bias=*/{}, /*eps=*/1e-6);
+}
+
+// 1-D table for positions `pos` [M]: [M, dim] = cat[sin(pos·ω), cos(pos·ω)], ω_k = 10000^(−k/(dim/2)).
+static at::Tensor sincos_1d(int64_t dim, const at::Tensor& pos) {
+  auto opts = at::TensorOptions().dtype(at::kDouble);
+  at::Tensor omega = at::arange(dim / 2, opts) / (dim / 2.0);
+  omega = 1.0 / at::pow(10000.0, omega);                    // [dim/2]
+  at::Tensor angles = at::outer(pos.to(at::kDouble), omega);  // [M, dim/2]
+  return at::cat({at::sin(angles), at::cos(angles)}, 1);
+}
+
+at::Tensor sincos_pos_embed_2d(int64_t dim, int64_t grid) {
+  TORCH_CHECK(dim % 4 == 0, "sin-cos position table needs hidden % 4 == 0, got ", dim);
+  auto opts = at::TensorOptions().dtype(at::kDouble);
+  at::Tensor coords = at::arange(grid, opts);
+  // Token n = row·grid + col. DiT builds meshgrid(w, h) and encodes grid[0] (the column index)
+  // in the first half, grid[1] (the row index) in the second half.
+  at::Tensor col = coords.repeat({grid});                     // n % grid
+  at::Tensor row = coords.repeat_interleave(grid);            // n / grid
+  at::Tensor table = at::cat({sincos_1d(dim / 2, col), sincos_1d(dim / 2, row)}, 1);
+  return table.to(at::kFloat);
+}
+
+at::Tensor timestep_features(const at::Tensor& t, int64_t dim, double max_period) {
+  const int64_t half = dim / 2;
+  auto opts = at::TensorOptions().dtype(at::kFloat).device(t.device());
+  at::Tensor freqs = at::exp(-std::log(max_period) * at::arange(half, opts) / half);  // [half]
+  at::Tensor args = t.to(at::kFloat).unsqueeze(1) * freqs.unsqueeze(0);             // [B, half]
+  at::Tensor emb = at::cat({at::cos(args), at::sin(args)}, -1);
+  if (dim % 2) emb = at::cat({emb, at::zeros_like(emb.narrow(1, 0, 1))}, -1);
+  return emb;
+}
+
+PatchEmbedImpl::PatchEmbedImpl(int64_t in_channels, int64_t hidden, int64_t patch) {
+  proj = register_module(
+      "proj", torch::nn::Conv2d(torch::nn::Conv2dOptions(in_channels, hidden, patch).stride(patch)));
+}
+
+at::Tensor PatchEmbedImpl::forward(const at::Tensor& x) {
+  return proj->forward(x).flatten(2).transpose(1, 2);  // [B, D, h, w] -> [B, h·w, D]
+}
+
+TimestepEmbedderImpl::TimestepEmbedderImpl(int64_t hidden, int64_t frequency_dim)
+    : frequency_dim(frequency_dim) {
+  mlp = register_module("mlp", torch::nn::Sequential(make_linear(frequency_dim, hidden),
+                                                     torch::nn::SiLU(), make_linear(hidden, hidden)));
+}
+
+at::Tensor TimestepEmbedderImpl::forward(const at::Tensor& t) {
+  at::Tensor features = timestep_features(t, frequency_dim);
+  // Under bf16 autocast the linears cast their input; in fp32 runs this is a no-op.
+  return mlp->forward(features);
+}
+
+LabelEmbedderImpl::LabelEmbedderImpl(int64_t num_classes, int64_t hidden) : num_classes(num_classes) {
+  embedding_table = register_module("embedding_table", torch::nn::Embedding(num_classes + 1, hidden));
+}
+
+at::Tensor LabelEmbedderImpl::forward(const at::Tensor& labels) {
+  return embedding_table->forward(labels);
+}
+
+AttentionImpl::AttentionImpl(int64_t hidden, int64_t heads, AttentionFn attention)
+    : heads(heads), attention(std::move(attention)) {
+  qkv = register_module("qkv", make_linear(hidden, 3 * hidden));
+  proj = register_module("proj", make_linear(hidden, hidden));
+}
+
+at::Tensor AttentionImpl::forward(const at::Tensor& x) {
+  const int64_t B = x.size(0), N = x.size(1), D = x.size(2);
+  // [B, N, 3·D] -> [B, N, 3, H, Dh] -> [3, B, H, N, Dh]  (timm's layout)
+  at::Tensor qkv_heads = qkv->forward(x).reshape({B, N, 3, heads, D / heads}).permute({2, 0, 3, 1, 4});
+  at::Tensor out = attention(qkv_heads[0], qkv_heads[1], qkv_heads[2]);  // [B, H, N, Dh]
+  return proj->forward(out.transpose(1, 2).reshape({B, N, D}));
+}
+
+MlpImpl::MlpImpl(int64_t hidden, int64_t mlp_hidden) {
+  fc1 = register_module("fc1", make_linear(hidden, mlp_hidden));
+  fc2 = register_module("fc2", make_linear(mlp_hidden, hidden));
+}
+
+at::Tensor MlpImpl::forward(const at::Tensor& x) {
+  return fc2->forward(at::gelu(fc1->forward(x), "tanh"));
+}
+
+}  // namespace flowtrain::models

@@ -1,0 +1,68 @@
+#include "trainer/builders.h"
+
+#include "data/fashion_mnist.h"
+
+#include <ATen/Parallel.h>
+#include <ATen/Context.h>
+#include <fmt/format.h>
+
+#include <cstdlib>
+#include <thread>
+
+namespace flowtrain::trainer {
+
+c10::Device select_device(const RunConfig& run) {
+  const bool has_cuda = at::hasCUDA();
+  if (run.device == "cpu" || (run.device == "auto" && !has_cuda)) return c10::Device(c10::kCPU);
+  if (!has_cuda) throw ConfigError("'run.device' is cuda but no CUDA device is available (use cpu or auto)");
+  int index = 0;
+  if (const char* local_rank = std::getenv("LOCAL_RANK")) index = std::atoi(local_rank);
+  return c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(index));
+}
+
+models::DiTOptions dit_options(const ModelConfig& m) {
+  models::DiTOptions o;
+  o.input_size = m.image_size;
+  o.patch = m.patch;
+  o.in_channels = m.in_channels;
+  o.hidden = m.resolved_hidden();
+  o.depth = m.resolved_depth();
+  o.heads = m.resolved_heads();
+  o.mlp_ratio = m.mlp_ratio;
+  o.num_classes = m.num_classes;
+  o.learn_sigma = m.learn_sigma;
+  return o;
+}
+
+models::DiT build_model(const ModelConfig& model) { return models::DiT(dit_options(model)); }
+
+std::shared_ptr<const data::ImageDataset> build_dataset(const Config& c) {
+  auto dataset = std::make_shared<data::ImageDataset>();
+  if (c.data.source == "fashion_mnist") {
+    *dataset = data::load_fashion_mnist(c.data.path, "train");
+  } else {  // synthetic: sized like the model's input, for benchmarks and data-free tests
+    *dataset = data::make_synthetic_dataset(std::max<int64_t>(4096, c.data.batch_size), c.model.in_channels,
+                                            c.model.image_size, c.model.num_classes, static_cast<uint64_t>(c.run.seed));
+  }
+  const int64_t channels = dataset->images.size(1), side = dataset->images.size(2);
+  const std::string where = c.source_path.empty() ? std::string("config") : c.source_path;
+  if (channels != c.model.in_channels)
+    throw ConfigError(fmt::format("{}: 'model.in_channels' is {} but data.source '{}' has {}-channel images", where,
+                                  c.model.in_channels, c.data.source, channels));
+  if (side > c.model.image_size)
+    throw ConfigError(fmt::format("{}: 'model.image_size' is {} but data.source '{}' has {}×{} images (must be >=; "
+                                  "smaller images are padded)", where, c.model.image_size, c.data.source, side, side));
+  if (dataset->num_classes > c.model.num_classes)
+    throw ConfigError(fmt::format("{}: 'model.num_classes' is {} but data.source '{}' has {} classes", where,
+                                  c.model.num_classes, c.data.source, dataset->num_classes));
+  return dataset;
+}
+
+int configure_threads(const TrainConfig& train) {
+  int threads = static_cast<int>(train.threads);
+  if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  at::set_num_threads(threads);
+  return threads;
+}
+
+}  // namespace flowtrain::trainer

@@ -1,0 +1,29 @@
+// Turns config sections into runtime objects: the device, the model, the data set. The only
+// place where the trainer names a concrete model (DiT today; Flux and video DiT join here).
+#pragma once
+
+#include "data/image_dataset.h"
+#include "models/dit.h"
+#include "trainer/config.h"
+
+#include <c10/core/Device.h>
+
+#include <memory>
+
+namespace flowtrain::trainer {
+
+// run.device: auto -> cuda:<LOCAL_RANK or 0> when a GPU is present, else cpu. Throws ConfigError
+// when cuda is requested and none is available.
+c10::Device select_device(const RunConfig& run);
+
+models::DiTOptions dit_options(const ModelConfig& model);
+models::DiT build_model(const ModelConfig& model);
+
+// Loads data.source; checks the images fit model.in_channels / image_size / num_classes and
+// throws ConfigError naming the key otherwise.
+std::shared_ptr<const data::ImageDataset> build_dataset(const Config& config);
+
+// Sets the intra-op thread count (train.threads; 0 = all cores) and returns it.
+int configure_threads(const TrainConfig& train);
+
+}  // namespace flowtrain::trainer

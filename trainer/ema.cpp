@@ -1,0 +1,21 @@
+#include "trainer/ema.h"
+
+#include "trainer/state_dict.h"
+
+namespace flowtrain::trainer {
+
+Ema::Ema(const models::DiT& model) : ema_(models::DiT(model->options)) {
+  ema_->to(model->pos_embed.device());
+  load_state_dict(*ema_, state_dict(*model), "EMA initialisation");
+  for (auto& p : ema_->parameters()) p.set_requires_grad(false);
+  ema_params_ = ema_->parameters();
+}
+
+void Ema::update(const models::DiT& model, double decay) {
+  at::NoGradGuard no_grad;
+  const auto params = model->parameters();
+  TORCH_CHECK(params.size() == ema_params_.size(), "EMA: model parameter count changed");
+  for (size_t i = 0; i < params.size(); ++i) ema_params_[i].lerp_(params[i].detach(), 1.0 - decay);
+}
+
+}  // namespace flowtrain::trainer

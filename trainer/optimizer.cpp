@@ -1,0 +1,72 @@
+#include "trainer/optimizer.h"
+
+#include <cmath>
+
+namespace flowtrain::trainer {
+
+double LrSchedule::lr_at(int64_t step) const {
+  if (warmup_steps > 0 && step < warmup_steps) return peak_lr * double(step + 1) / double(warmup_steps);
+  if (kind == "constant") return peak_lr;
+  // cosine over the steps after warmup
+  const double span = std::max<int64_t>(1, total_steps - warmup_steps);
+  const double progress = std::min(1.0, double(step - warmup_steps) / span);
+  const double min_lr = peak_lr * min_lr_ratio;
+  return min_lr + 0.5 * (peak_lr - min_lr) * (1.0 + std::cos(M_PI * progress));
+}
+
+AdamW::AdamW(const std::vector<std::pair<std::string, at::Tensor>>& named_params, AdamWOptions options)
+    : options_(options) {
+  for (const auto& [name, p] : named_params) {
+    if (!p.requires_grad()) continue;  // fixed tables (pos_embed) are not optimised
+    TORCH_CHECK(p.scalar_type() == at::kFloat, "AdamW: master weight ", name, " must be fp32");
+    slots_.push_back({name, p, at::zeros_like(p), at::zeros_like(p)});
+  }
+}
+
+void AdamW::step(double lr) {
+  at::NoGradGuard no_grad;
+  ++step_count_;
+  const double b1 = options_.beta1, b2 = options_.beta2;
+  const double bias1 = 1.0 - std::pow(b1, double(step_count_));
+  const double bias2 = 1.0 - std::pow(b2, double(step_count_));
+  const double step_size = lr / bias1;
+  const double bias2_sqrt = std::sqrt(bias2);
+  for (auto& s : slots_) {
+    const at::Tensor& g = s.param.grad();
+    if (!g.defined()) continue;
+    // Decoupled weight decay: p ← p·(1 − lr·λ), before the Adam update (torch.optim.AdamW order).
+    if (options_.weight_decay != 0) s.param.mul_(1.0 - lr * options_.weight_decay);
+    s.exp_avg.lerp_(g, 1.0 - b1);                               // m ← β1·m + (1−β1)·g
+    s.exp_avg_sq.mul_(b2).addcmul_(g, g, 1.0 - b2);             // v ← β2·v + (1−β2)·g²
+    at::Tensor denom = (s.exp_avg_sq.sqrt() / bias2_sqrt).add_(options_.eps);
+    s.param.addcdiv_(s.exp_avg, denom, -step_size);             // p ← p − lr·m̂/(√v̂ + ε)
+  }
+}
+
+void AdamW::zero_grad() {
+  for (auto& s : slots_) {
+    if (s.param.grad().defined()) s.param.mutable_grad() = at::Tensor();
+  }
+}
+
+at::Tensor clip_grad_norm(const std::vector<at::Tensor>& params, double max_norm) {
+  at::NoGradGuard no_grad;
+  std::vector<at::Tensor> norms;
+  for (const auto& p : params) {
+    if (p.grad().defined()) norms.push_back(at::linalg_vector_norm(p.grad().to(at::kFloat), 2));
+  }
+  if (norms.empty()) return at::zeros({}, at::TensorOptions().dtype(at::kFloat));
+  at::Tensor total = at::linalg_vector_norm(at::stack(norms), 2);
+  if (max_norm > 0) {
+    // clamp(max_norm / (norm + 1e-6), max = 1), and 1 when the norm is not finite, so a NaN
+    // step is left for the trainer's non-finite policy instead of being silently zeroed.
+    at::Tensor coef = at::clamp_max(max_norm / (total + 1e-6), 1.0);
+    coef = at::where(at::isfinite(total), coef, at::ones_like(coef));
+    for (const auto& p : params) {
+      if (p.grad().defined()) p.grad().mul_(coef.to(p.grad().dtype()));
+    }
+  }
+  return total;
+}
+
+}  // namespace flowtrain::trainer

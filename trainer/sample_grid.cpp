@@ -1,0 +1,41 @@
+#include "trainer/sample_grid.h"
+
+#include "data/png.h"
+#include "models/flow_matching.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+
+#include <filesystem>
+
+namespace flowtrain::trainer {
+
+at::Tensor generate_samples(models::DiT& model, const SampleConfig& sample, const FlowConfig& flow,
+                            int64_t num_classes, const c10::Device& device) {
+  const auto& o = model->options;
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(static_cast<uint64_t>(sample.seed));
+  at::Tensor noise = at::randn({sample.num, o.in_channels, o.input_size, o.input_size}, gen).to(device);
+  at::Tensor labels = (at::arange(sample.num, at::TensorOptions().dtype(at::kLong)) % num_classes).to(device);
+
+  models::SamplerOptions so;
+  so.kind = models::parse_sampler(sample.sampler);
+  so.steps = sample.steps;
+  so.cfg_scale = sample.cfg_scale;
+  so.shift = flow.shift;
+  so.null_class = o.num_classes;
+  const bool was_training = model->is_training();
+  model->eval();
+  models::VelocityFn velocity = [&](const at::Tensor& x, const at::Tensor& t, const at::Tensor& y) {
+    return model->forward(x, t, y);
+  };
+  at::Tensor out = models::sample(velocity, noise, labels, so).to(at::kCPU);
+  model->train(was_training);
+  return out;
+}
+
+void write_sample_grid(const std::string& path, const at::Tensor& samples, int64_t num_classes) {
+  std::filesystem::create_directories(std::filesystem::path(path).parent_path());
+  const int64_t nrow = std::min<int64_t>(num_classes, samples.size(0));
+  data::write_png(path, data::make_image_grid(samples.to(at::kFloat), nrow, /*padding=*/2));
+}
+
+}  // namespace flowtrain::trainer

@@ -1,0 +1,29 @@
+// A module's parameters and buffers as named tensors (the PyTorch state_dict), and loading them
+// back with errors that name the offending tensor and file.
+#pragma once
+
+#include <ATen/ATen.h>
+#include <torch/nn/module.h>
+
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace flowtrain::trainer {
+
+using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
+
+struct CheckpointError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// Parameters then buffers, in registration order, detached (shares storage with the module).
+NamedTensors state_dict(const torch::nn::Module& module);
+
+// Copies `tensors` into the module (dtype/device converted). Every module tensor must be present
+// with the same shape and no extra names may appear; otherwise throws CheckpointError naming the
+// tensor and `source` (a file path, for the message).
+void load_state_dict(torch::nn::Module& module, const NamedTensors& tensors, const std::string& source);
+
+}  // namespace flowtrain::trainer

@@ -1,0 +1,66 @@
+// The training loop for one process (world size 1; the distributed runtime is a later layer).
+//
+// One step reads top to bottom (trainer.cpp, Trainer::run):
+//   periodic sample grid / checkpoint  →  grad_accum × (batch → flow-matching loss → backward)
+//   → global-norm clip → AdamW on fp32 weights → EMA → one log line + metrics.jsonl
+#pragma once
+
+#include "data/loader.h"
+#include "models/dit.h"
+#include "models/flow_matching.h"
+#include "trainer/checkpoint.h"
+#include "trainer/config.h"
+#include "trainer/ema.h"
+#include "trainer/optimizer.h"
+#include "trainer/run_log.h"
+
+#include <c10/core/Device.h>
+
+#include <memory>
+#include <optional>
+
+namespace flowtrain::trainer {
+
+struct TrainingError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+class Trainer {
+ public:
+  explicit Trainer(Config config);
+  // Trains to train.steps (or until a stop signal, after which it checkpoints). Returns the
+  // number of optimizer steps completed in total.
+  int64_t run();
+
+ private:
+  struct StepResult { at::Tensor loss, grad_norm; double data_wait_s; };
+
+  void prepare_run_dir();
+  void restore(const std::string& checkpoint_dir);
+  StepResult train_step();
+  void write_checkpoint();
+  void write_samples();
+  void check_finite(const char* when);
+  std::string resolve_resume() const;
+
+  Config config_;
+  std::string config_yaml_;
+  c10::Device device_{c10::kCPU};
+  models::DiT model_{nullptr};
+  std::unique_ptr<Ema> ema_;
+  std::unique_ptr<AdamW> optimizer_;
+  LrSchedule schedule_;
+  models::TimestepSampler timesteps_;
+  std::shared_ptr<const data::ImageDataset> dataset_;
+  std::unique_ptr<data::Loader> loader_;
+  std::unique_ptr<MetricsWriter> metrics_;
+  TrainProgress progress_;
+  at::Tensor all_finite_;  // device flag: every loss / grad norm since the last check was finite
+  int64_t last_checkpoint_step_ = -1;
+};
+
+// 64-bit seed for the generator of (run seed, rank, step, micro-batch): a pure function, so a
+// resumed run draws the same timesteps, noise and label dropout as the uninterrupted one.
+uint64_t step_seed(int64_t run_seed, int64_t rank, int64_t step, int64_t micro);
+
+}  // namespace flowtrain::trainer
