@@ -24,6 +24,14 @@ file(CREATE_LINK ${_fmt_include}/fmt ${FLOWTRAIN_FMT_SHIM}/fmt SYMBOLIC)
 
 function(flowtrain_target_defaults target)
   target_include_directories(${target} SYSTEM BEFORE PRIVATE ${FLOWTRAIN_FMT_SHIM})
+  get_target_property(_type ${target} TYPE)
+  if(_type STREQUAL "EXECUTABLE")
+    # The torch wheel's libtorch.so / libtorch_cpu.so export their own (older) copy of
+    # std::filesystem, and the dynamic linker binds our calls to whichever library comes first
+    # in DT_NEEDED order; their copy crashes in fs::remove_all. Naming libstdc++ before any other
+    # library (link options precede the libraries on the link line) makes our calls bind to it.
+    target_link_options(${target} PRIVATE "LINKER:--no-as-needed" "-lstdc++" "LINKER:--as-needed")
+  endif()
   target_compile_options(${target} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Wno-unused-parameter>)
   if(FLOWTRAIN_PCH)
     # One PCH for every target (reused, not rebuilt): the LibTorch headers dominate compile time.

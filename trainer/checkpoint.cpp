@@ -73,7 +73,8 @@ json read_manifest(const std::string& dir) {
 
 void verify_files(const std::string& dir, const json& manifest) {
   const std::string mpath = (fs::path(dir) / "manifest.json").string();
-  for (const auto& [name, info] : required<json>(manifest, "files", mpath).items()) {
+  const json files = required<json>(manifest, "files", mpath);  // named: items() must not outlive it
+  for (const auto& [name, info] : files.items()) {
     const std::string path = (fs::path(dir) / name).string();
     if (!fs::exists(path)) throw CheckpointError(fmt::format("{}: missing", path));
     FileDigest d = digest_file(path);
