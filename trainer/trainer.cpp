@@ -62,11 +62,12 @@ uint64_t step_seed(int64_t run_seed, int64_t rank, int64_t step, int64_t micro) 
 
 Trainer::Trainer(Config config) : config_(std::move(config)) {
   config_yaml_ = to_yaml(config_);
+  // Everything that can fail on bad input (device, data) is checked before the run directory
+  // is created, so a rejected run leaves nothing behind.
+  device_ = select_device(config_.run);
+  dataset_ = build_dataset(config_);
   prepare_run_dir();
   const int threads = configure_threads(config_.train);
-  device_ = select_device(config_.run);
-
-  dataset_ = build_dataset(config_);
   at::manual_seed(static_cast<uint64_t>(config_.run.seed));  // model initialisation
   model_ = build_model(config_.model);
   model_->to(device_);

@@ -1,0 +1,25 @@
+// Runs the flowtrain binary the way a user does and reads what it leaves in the run directory.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <string>
+#include <vector>
+
+namespace flowtrain::test {
+
+struct CommandResult {
+  int exit_code = -1;
+  std::string output;  // stdout and stderr together
+};
+
+// `flowtrain ARGS` through /bin/sh (ARGS is shell text; `env` is prefixed as VAR=value ...).
+CommandResult run_flowtrain(const std::string& args, const std::string& env = "");
+
+// flowtrain train on tests/configs/tiny_fashion.yaml into `out_dir`, with extra --set flags.
+CommandResult train_tiny(const std::string& out_dir, const std::vector<std::string>& sets = {},
+                         const std::string& env = "");
+
+std::vector<nlohmann::json> read_metrics(const std::string& run_dir);
+
+}  // namespace flowtrain::test
