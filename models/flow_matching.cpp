@@ -50,18 +50,30 @@ at::Tensor drop_labels(const at::Tensor& labels, double p, int64_t null_class, a
   return at::where(drop, at::full_like(labels, null_class), labels);
 }
 
+FlowMatchingDraw draw_flow_matching_inputs(const at::Tensor& x0, const at::Tensor& labels,
+                                           const TimestepSampler& timesteps, double label_dropout,
+                                           int64_t null_class, at::Generator& gen) {
+  // Drawn on the CPU generator whatever the training device, so a run's draws do not depend on
+  // where it runs (and a resumed run reproduces them).
+  FlowMatchingDraw d;
+  d.t = timesteps.sample(x0.size(0), gen, x0.options());
+  d.noise = at::randn(x0.sizes(), gen, x0.options().device(at::kCPU)).to(x0.device());
+  d.labels = drop_labels(labels, label_dropout, null_class, gen);
+  return d;
+}
+
+FlowMatchingLoss flow_matching_loss(const VelocityFn& model, const at::Tensor& x0, const FlowMatchingDraw& d) {
+  at::Tensor x_t = interpolate(x0, d.noise, d.t);
+  at::Tensor target = d.noise - x0;
+  at::Tensor v = model(x_t, d.t, d.labels);
+  if (v.size(1) != x0.size(1)) v = v.narrow(1, 0, x0.size(1));  // learn-sigma: use the first C channels
+  return {at::mse_loss(v.to(at::kFloat), target.to(at::kFloat)), d.t};
+}
+
 FlowMatchingLoss flow_matching_loss(const VelocityFn& model, const at::Tensor& x0, const at::Tensor& labels,
                                     const TimestepSampler& timesteps, double label_dropout,
                                     int64_t null_class, at::Generator& gen) {
-  // Draw order is fixed (t, noise, dropout) so a seeded generator reproduces a step exactly.
-  at::Tensor t = timesteps.sample(x0.size(0), gen, x0.options());
-  at::Tensor noise = at::randn(x0.sizes(), gen, x0.options().device(at::kCPU)).to(x0.device());
-  at::Tensor y = drop_labels(labels, label_dropout, null_class, gen);
-  at::Tensor x_t = interpolate(x0, noise, t);
-  at::Tensor target = noise - x0;
-  at::Tensor v = model(x_t, t, y);
-  if (v.size(1) != x0.size(1)) v = v.narrow(1, 0, x0.size(1));  // learn-sigma: use the first C channels
-  return {at::mse_loss(v.to(at::kFloat), target.to(at::kFloat)), t};
+  return flow_matching_loss(model, x0, draw_flow_matching_inputs(x0, labels, timesteps, label_dropout, null_class, gen));
 }
 
 at::Tensor sampling_times(int64_t steps, double shift) {

@@ -39,13 +39,27 @@ at::Tensor drop_labels(const at::Tensor& labels, double p, int64_t null_class, a
 // A velocity model v(x, t, y): x [B, ...], t [B] in [0, 1], y [B] -> same shape as x.
 using VelocityFn = std::function<at::Tensor(const at::Tensor& x, const at::Tensor& t, const at::Tensor& y)>;
 
+// The random inputs of one objective evaluation, drawn in a fixed order (t, noise, label
+// dropout) so a generator seeded the same way always gives the same draw.
+struct FlowMatchingDraw {
+  at::Tensor t;       // [B] float
+  at::Tensor noise;   // like x0
+  at::Tensor labels;  // [B] after dropout to the null class
+};
+FlowMatchingDraw draw_flow_matching_inputs(const at::Tensor& x0, const at::Tensor& labels,
+                                           const TimestepSampler& timesteps, double label_dropout,
+                                           int64_t null_class, at::Generator& gen);
+
 struct FlowMatchingLoss {
   at::Tensor loss;       // scalar, mean over all elements: mean((v_pred − (ε − x0))²)
   at::Tensor t;          // [B] the sampled times (for logging per-t loss later)
 };
 
-// One training objective evaluation. `model_channels` lets a learn-sigma model (2·C outputs)
-// be trained on its first C channels only.
+// mean((v(x_t, t, y) − (ε − x0))²) for a given draw. A learn-sigma model (2·C outputs) is
+// trained on its first C channels only.
+FlowMatchingLoss flow_matching_loss(const VelocityFn& model, const at::Tensor& x0, const FlowMatchingDraw& draw);
+
+// One training objective evaluation: draw, then loss.
 FlowMatchingLoss flow_matching_loss(const VelocityFn& model, const at::Tensor& x0, const at::Tensor& labels,
                                     const TimestepSampler& timesteps, double label_dropout,
                                     int64_t null_class, at::Generator& gen);

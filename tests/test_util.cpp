@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -34,6 +35,13 @@ void write_file(const std::string& path, const std::string& bytes) {
   if (!out) throw std::runtime_error("test: cannot write " + path);
   out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
 }
+
+std::string fashion_mnist_dir() {
+  const char* env = std::getenv("FLOWTRAIN_FASHION_MNIST");
+  return env && *env ? env : "/usr/share/datasets/fashion-mnist";
+}
+
+bool have_fashion_mnist() { return fs::exists(fashion_mnist_dir() + "/train-images-idx3-ubyte.gz"); }
 
 std::string source_path(const std::string& relative) {
   return (fs::path(FLOWTRAIN_SOURCE_DIR) / relative).string();

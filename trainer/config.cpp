@@ -262,6 +262,7 @@ std::vector<Section> build_schema() {
                   .add("ema_decay", &TrainConfig::ema_decay, range("[)", 0, 1), "0 = no EMA")
                   .add("log_every", &TrainConfig::log_every, at_least(1), "steps between log lines")
                   .add("threads", &TrainConfig::threads, at_least(0), "intra-op CPU threads; 0 = all cores")
+                  .add("tensorboard", &TrainConfig::tensorboard, any(), "also write TensorBoard events to tb/")
                   .section);
 
   s.push_back(section("sample", &Config::sample)
@@ -277,6 +278,25 @@ std::vector<Section> build_schema() {
                   .add("every", &CheckpointConfig::every, at_least(0), "steps between checkpoints; 0 = final only")
                   .add("keep", &CheckpointConfig::keep, at_least(0), "newest checkpoints kept; 0 = all")
                   .add("resume", &CheckpointConfig::resume, non_empty(), "auto | never | checkpoint directory")
+                  .section);
+
+  s.push_back(section("eval", &Config::eval)
+                  .add("every", &EvalConfig::every, at_least(0), "steps between quality evaluations; 0 = off")
+                  .add("num", &EvalConfig::num, at_least(2), "generated samples per evaluation")
+                  .add("steps", &EvalConfig::steps, at_least(1), "ODE solver steps")
+                  .add("sampler", &EvalConfig::sampler, one_of({"euler", "heun"}), "ODE solver")
+                  .add("cfg_scale", &EvalConfig::cfg_scale, at_least(0), "classifier-free guidance; 1 = none")
+                  .add("seed", &EvalConfig::seed, at_least(0), "sampling noise seed")
+                  .add("classifier_dir", &EvalConfig::classifier_dir, any(),
+                       "classifier cache; empty = $FLOWTRAIN_DEPS/classifiers")
+                  .section);
+
+  s.push_back(section("profile", &Config::profile)
+                  .add("enabled", &ProfileConfig::enabled, any(), "write a Kineto trace of a few steps")
+                  .add("start_step", &ProfileConfig::start_step, at_least(1), "first profiled step")
+                  .add("num_steps", &ProfileConfig::num_steps, at_least(1), "profiled steps")
+                  .add("record_shapes", &ProfileConfig::record_shapes, any(), "record operator input shapes")
+                  .add("memory", &ProfileConfig::memory, any(), "record allocations")
                   .section);
   return s;
 }

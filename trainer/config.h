@@ -80,6 +80,7 @@ struct TrainConfig {
   double ema_decay = 0.9999;       // 0 = no EMA (sampling then uses the raw weights)
   int64_t log_every = 10;
   int64_t threads = 0;             // intra-op CPU threads; 0 = all cores
+  bool tensorboard = true;         // also write TensorBoard event files to <out_dir>/tb
 };
 
 struct SampleConfig {
@@ -97,6 +98,27 @@ struct CheckpointConfig {
   std::string resume = "auto";  // auto | never | PATH to a checkpoint directory
 };
 
+// Model-quality evaluation (flowtrain eval, and periodically during training): samples scored
+// by a small Fashion-MNIST classifier the project trains itself (FD, class accuracy, IS).
+struct EvalConfig {
+  int64_t every = 0;       // steps between evaluations during training; 0 = off
+  int64_t num = 1000;      // generated samples per evaluation
+  int64_t steps = 30;
+  std::string sampler = "heun";
+  double cfg_scale = 1.5;
+  int64_t seed = 1;
+  std::string classifier_dir = "";  // classifier cache; "" = $FLOWTRAIN_DEPS/classifiers (~/.cache/flowtrain)
+};
+
+// Kineto (CPU + CUDA) trace of a few steps: <out_dir>/profiles/rank-R-step-S.json (Perfetto).
+struct ProfileConfig {
+  bool enabled = false;
+  int64_t start_step = 10;  // first profiled step (after warm-up)
+  int64_t num_steps = 3;
+  bool record_shapes = false;
+  bool memory = false;      // record allocations (profile_memory)
+};
+
 struct Config {
   RunConfig run;
   ModelConfig model;
@@ -106,6 +128,8 @@ struct Config {
   TrainConfig train;
   SampleConfig sample;
   CheckpointConfig checkpoint;
+  EvalConfig eval;
+  ProfileConfig profile;
 
   std::string source_path;  // the YAML file it came from ("" for defaults)
 

@@ -2,6 +2,7 @@
 // point; every user-facing failure arrives here as a typed exception and leaves as one clear
 // error line and a non-zero exit code (2: bad config or usage, 1: anything else).
 #include "data/data_error.h"
+#include "trainer/bench.h"
 #include "models/dit.h"
 #include "trainer/builders.h"
 #include "trainer/checkpoint.h"
@@ -65,6 +66,26 @@ int cmd_sample(const ConfigArgs& args, const std::string& checkpoint, std::strin
   return 0;
 }
 
+int cmd_bench(const ConfigArgs& args, const trainer::BenchOptions& options, const std::string& json_path) {
+  trainer::Config c = args.load();
+  if (options.synthetic) c.data.source = "synthetic";
+  trainer::setup_logging("");
+  if (!options.parity_dump.empty()) {
+    trainer::configure_threads(c.train);
+    const double loss = trainer::write_parity_dump(c, options.parity_dump);
+    spdlog::info("parity dump {} (first-step loss {:.8f})", options.parity_dump, loss);
+  }
+  trainer::BenchReport report = trainer::run_benchmark(c, options);
+  std::printf("%s\n", report.to_table().c_str());
+  if (!json_path.empty()) {
+    std::FILE* f = std::fopen(json_path.c_str(), "w");
+    if (!f) throw std::runtime_error("cannot write " + json_path);
+    std::fprintf(f, "%s\n", report.to_json().c_str());
+    std::fclose(f);
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -100,6 +121,19 @@ int main(int argc, char** argv) {
   auto* config = app.add_subcommand("config", "print the fully resolved config (defaults filled in)");
   config_args.add_to(config);
 
+  ConfigArgs bench_args;
+  trainer::BenchOptions bench_options;
+  std::string bench_json;
+  auto* bench = app.add_subcommand("bench", "time the real training step: step time, samples/s, TFLOP/s, MFU, memory");
+  bench_args.add_to(bench);
+  bench->add_option("--steps", bench_options.steps, "timed steps")->capture_default_str()->check(CLI::PositiveNumber);
+  bench->add_option("--warmup", bench_options.warmup, "untimed warm-up steps")->capture_default_str()->check(CLI::NonNegativeNumber);
+  bench->add_flag("--synthetic", bench_options.synthetic, "synthetic data (data.source=synthetic)");
+  bench->add_option("--peak-tflops", bench_options.peak_tflops, "MFU denominator (default: measured matmul rate)");
+  bench->add_option("--json", bench_json, "also write the report as JSON to this file");
+  bench->add_option("--parity-dump", bench_options.parity_dump,
+                    "write the first step's weights, inputs and loss (safetensors) for bench/compare_pytorch.sh");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -119,6 +153,7 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (*config) return cmd_config(config_args);
+    if (*bench) return cmd_bench(bench_args, bench_options, bench_json);
   } catch (const trainer::ConfigError& e) {
     std::fprintf(stderr, "flowtrain: config error: %s\n", e.what());
     return 2;

@@ -60,7 +60,7 @@ uint64_t step_seed(int64_t run_seed, int64_t rank, int64_t step, int64_t micro) 
   return z;
 }
 
-Trainer::Trainer(Config config) : config_(std::move(config)) {
+Trainer::Trainer(Config config, TrainerHooks hooks) : config_(std::move(config)), hooks_(std::move(hooks)) {
   config_yaml_ = to_yaml(config_);
   // Everything that can fail on bad input (device, data) is checked before the run directory
   // is created, so a rejected run leaves nothing behind.
@@ -251,7 +251,12 @@ int64_t Trainer::run() {
   int64_t window_steps = 0;
   double window_data_wait = 0;
   while (progress_.step < total) {
+    const auto step_start = Clock::now();
     StepResult r = train_step();
+    if (hooks_.on_step) {
+      const double loss = r.loss.item<double>();  // synchronises the device: the time is real
+      hooks_.on_step({progress_.step, seconds_since(step_start), r.data_wait_s, loss});
+    }
     ++window_steps;
     window_data_wait += r.data_wait_s;
     const int64_t step = progress_.step;
@@ -280,7 +285,8 @@ int64_t Trainer::run() {
       window_data_wait = 0;
     }
     if (config_.sample.every > 0 && (step % config_.sample.every == 0 || last)) write_samples();
-    if ((config_.checkpoint.every > 0 && step % config_.checkpoint.every == 0) || last) write_checkpoint();
+    if ((config_.checkpoint.every > 0 && step % config_.checkpoint.every == 0) || (last && hooks_.final_checkpoint))
+      write_checkpoint();
     if (int sig = stop_signal()) {
       spdlog::warn("received signal {}: checkpointing at step {} and stopping", sig, step);
       if (last_checkpoint_step_ != step) write_checkpoint();

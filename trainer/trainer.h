@@ -16,6 +16,7 @@
 
 #include <c10/core/Device.h>
 
+#include <functional>
 #include <memory>
 #include <optional>
 
@@ -25,9 +26,25 @@ struct TrainingError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// Per-step timings for callers that measure (flowtrain bench). Filled after every step when
+// TrainerHooks::on_step is set; the step is synchronised first, so times are real.
+struct StepStats {
+  int64_t step = 0;
+  double step_time_s = 0;
+  double data_wait_s = 0;
+  double loss = 0;
+};
+
+struct TrainerHooks {
+  bool final_checkpoint = true;                    // write a checkpoint after the last step
+  std::function<void(const StepStats&)> on_step;   // called after each step (synchronised)
+};
+
 class Trainer {
  public:
-  explicit Trainer(Config config);
+  explicit Trainer(Config config, TrainerHooks hooks = {});
+  const models::DiT& model() const { return model_; }
+  c10::Device device() const { return device_; }
   // Trains to train.steps (or until a stop signal, after which it checkpoints). Returns the
   // number of optimizer steps completed in total.
   int64_t run();
@@ -44,6 +61,7 @@ class Trainer {
   std::string resolve_resume() const;
 
   Config config_;
+  TrainerHooks hooks_;
   std::string config_yaml_;
   c10::Device device_{c10::kCPU};
   models::DiT model_{nullptr};

@@ -20,8 +20,6 @@ using namespace flowtrain::test;
 
 namespace {
 
-bool have_fashion_mnist() { return fs::exists("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz"); }
-
 #define REQUIRE_DATA() \
   if (!have_fashion_mnist()) GTEST_SKIP() << "dataset-fashion-mnist is not installed (scripts/setup.sh installs it)"
 
@@ -96,7 +94,8 @@ TEST(TrainCli, ResumeAndCrashRecoveryReproduceTheStraightRunBitForBit) {
 
   // The crash: the fault-injection hook pauses after the first file of step 10's checkpoint.
   const std::string crashed = scratch_dir("crashed");
-  std::string args = "train -c " + source_path("tests/configs/tiny_fashion.yaml") + " --set run.out_dir=" + crashed;
+  std::string args = "train -c " + source_path("tests/configs/tiny_fashion.yaml") + " --set run.out_dir=" + crashed +
+                     " --set data.path=" + fashion_mnist_dir();
   for (const auto& s : every5) args += " --set " + s;
   const std::string pid_file = crashed + "/../crashed.pid";
   std::system(("FLOWTRAIN_FAULT_CHECKPOINT_PAUSE=10:120 " + std::string(FLOWTRAIN_BINARY) + " " + args + " > " +
@@ -168,8 +167,8 @@ TEST(TrainCli, BadInputGivesOneClearErrorAndWritesNothing) {
   REQUIRE_DATA();
   const std::string data = run + "/data";
   fs::create_directories(data);
-  fs::copy("/usr/share/datasets/fashion-mnist/train-labels-idx1-ubyte.gz", data);
-  const std::string images = read_file("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz");
+  fs::copy(fashion_mnist_dir() + "/train-labels-idx1-ubyte.gz", data);
+  const std::string images = read_file(fashion_mnist_dir() + "/train-images-idx3-ubyte.gz");
   write_file(data + "/train-images-idx3-ubyte.gz", images.substr(0, images.size() / 2));
   r = train_tiny(run + "/c", {"data.path=" + data});
   EXPECT_EQ(r.exit_code, 1);

@@ -24,7 +24,8 @@ CommandResult run_flowtrain(const std::string& args, const std::string& env) {
 }
 
 CommandResult train_tiny(const std::string& out_dir, const std::vector<std::string>& sets, const std::string& env) {
-  std::string args = "train -c " + source_path("tests/configs/tiny_fashion.yaml") + " --set run.out_dir=" + out_dir;
+  std::string args = "train -c " + source_path("tests/configs/tiny_fashion.yaml") + " --set run.out_dir=" + out_dir +
+                     " --set data.path=" + fashion_mnist_dir();
   for (const auto& s : sets) args += " --set " + s;
   return run_flowtrain(args, env);
 }

@@ -1,0 +1,61 @@
+// The CUDA paths against the CPU reference. Skipped (with the reason) where no GPU is present.
+#include "cli_runner.h"
+#include "models/dit.h"
+#include "test_util.h"
+
+#include <ATen/Context.h>
+#include <ATen/autocast_mode.h>
+#include <gtest/gtest.h>
+
+using namespace flowtrain::models;
+
+#define REQUIRE_CUDA() \
+  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device on this machine (gpu tests run on the GPU machine)"
+
+namespace {
+DiTOptions options() {
+  DiTOptions o = dit_size("S");
+  o.input_size = 16;
+  o.patch = 2;
+  o.in_channels = 4;
+  o.num_classes = 10;
+  return o;
+}
+double rel_error(const at::Tensor& a, const at::Tensor& b) {
+  return ((a.to(at::kDouble) - b.to(at::kDouble)).norm() / b.to(at::kDouble).norm()).item<double>();
+}
+}  // namespace
+
+TEST(Cuda, DiTForwardMatchesCpuInFp32AndBf16Autocast) {
+  REQUIRE_CUDA();
+  at::globalContext().setAllowTF32CuBLAS(false);
+  at::manual_seed(0);
+  DiT model(options());
+  // give the zero-initialised output layers weights so the comparison is not 0 == 0
+  at::NoGradGuard no_grad;
+  for (auto& p : model->parameters()) if (p.requires_grad()) p.normal_(0, 0.02);
+  at::Tensor x = at::randn({4, 4, 16, 16}), t = at::rand({4}), y = at::randint(0, 10, {4});
+  at::Tensor ref = model->forward(x, t, y);
+  model->to(at::kCUDA);
+  at::Tensor out = model->forward(x.cuda(), t.cuda(), y.cuda()).cpu();
+  // fp32 on both sides, different summation orders: relative error ~1e-6
+  EXPECT_LT(rel_error(out, ref), 1e-4);
+  at::autocast::set_autocast_dtype(at::kCUDA, at::kBFloat16);
+  at::autocast::set_autocast_enabled(at::kCUDA, true);
+  at::Tensor bf16 = model->forward(x.cuda(), t.cuda(), y.cuda()).float().cpu();
+  at::autocast::set_autocast_enabled(at::kCUDA, false);
+  at::autocast::clear_cache();
+  // bf16 has an 8-bit mantissa (2^-8 ≈ 0.4% per rounding); through 12 blocks the output error is
+  // a few percent at most
+  EXPECT_LT(rel_error(bf16, ref), 5e-2);
+}
+
+TEST(Cuda, TrainsTheTinyConfigInBf16) {
+  REQUIRE_CUDA();
+  const std::string run = flowtrain::test::scratch_dir("run");
+  auto r = flowtrain::test::train_tiny(run, {"run.device=cuda", "train.precision=bf16", "train.steps=50"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  auto rows = flowtrain::test::read_metrics(run);
+  ASSERT_EQ(rows.size(), 50u);
+  EXPECT_LT(rows.back()["loss"].get<double>(), 0.8 * rows.front()["loss"].get<double>());
+}

@@ -1,0 +1,234 @@
+#include "trainer/bench.h"
+
+#include "data/loader.h"
+#include "data/safetensors.h"
+#include "models/flow_matching.h"
+#include "trainer/builders.h"
+#include "trainer/trainer.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#if __has_include(<c10/cuda/CUDACachingAllocator.h>)
+#include <c10/cuda/CUDACachingAllocator.h>
+#define FLOWTRAIN_HAS_CUDA_ALLOCATOR 1
+#endif
+
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+
+namespace fs = std::filesystem;
+
+namespace flowtrain::trainer {
+
+namespace {
+
+double quantile(std::vector<double> v, double q) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const double pos = q * double(v.size() - 1);
+  const size_t lo = static_cast<size_t>(pos), hi = std::min(lo + 1, v.size() - 1);
+  return v[lo] + (pos - double(lo)) * (v[hi] - v[lo]);
+}
+
+int64_t peak_memory_bytes(const c10::Device& device, std::string& kind) {
+#ifdef FLOWTRAIN_HAS_CUDA_ALLOCATOR
+  if (device.is_cuda()) {
+    kind = "cuda peak allocated";
+    auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device.index());
+    return stats.allocated_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)].peak;
+  }
+#endif
+  kind = "cpu peak RSS";
+  struct rusage usage {};
+  getrusage(RUSAGE_SELF, &usage);
+  return static_cast<int64_t>(usage.ru_maxrss) * 1024;  // Linux reports KiB
+}
+
+void synchronize(const c10::Device& device) {
+  if (device.is_cuda()) at::ones({1}, at::TensorOptions().device(device)).cpu();  // a blocking copy
+}
+
+}  // namespace
+
+double measure_matmul_tflops(const c10::Device& device, at::ScalarType dtype) {
+  const int64_t n = device.is_cuda() ? 8192 : 2048;
+  auto opts = at::TensorOptions().device(device).dtype(dtype);
+  at::Tensor a = at::randn({n, n}, opts), b = at::randn({n, n}, opts);
+  for (int i = 0; i < 2; ++i) at::mm(a, b);  // warm up
+  synchronize(device);
+  int64_t reps = 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  double elapsed = 0;
+  while (elapsed < 1.0 || reps < 3) {
+    at::mm(a, b);
+    ++reps;
+    synchronize(device);
+    elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+  return 2.0 * double(n) * n * n * reps / elapsed / 1e12;
+}
+
+BenchReport run_benchmark(Config config, const BenchOptions& o) {
+  if (o.synthetic) config.data.source = "synthetic";
+  // A throw-away run directory: a benchmark must never touch a real run's checkpoints.
+  const fs::path dir = fs::temp_directory_path() / fmt::format("flowtrain-bench-{}", ::getpid());
+  fs::remove_all(dir);
+  config.run.out_dir = dir.string();
+  config.train.steps = o.warmup + o.steps;
+  config.train.log_every = std::max<int64_t>(1, config.train.steps);
+  config.train.tensorboard = false;
+  config.sample.every = 0;
+  config.eval.every = 0;
+  config.checkpoint.every = 0;
+  config.checkpoint.resume = "never";
+  config.validate();
+
+  std::vector<double> step_times, data_waits;
+  BenchReport r;
+  TrainerHooks hooks;
+  hooks.final_checkpoint = false;
+  hooks.on_step = [&](const StepStats& s) {
+    if (s.step == 1) r.first_loss = s.loss;
+    if (s.step > o.warmup) {
+      step_times.push_back(s.step_time_s);
+      data_waits.push_back(s.data_wait_s);
+    }
+  };
+  Trainer trainer(config, hooks);
+  const c10::Device device = trainer.device();
+  const auto dit = dit_options(config.model);
+  trainer.run();
+
+  r.device = device.str();
+  r.precision = config.train.precision;
+  r.threads = at::get_num_threads();
+  r.batch = config.data.batch_size;
+  r.tokens_per_sample = dit.num_tokens();
+  r.steps = o.steps;
+  r.warmup = o.warmup;
+  r.params_m = models::count_parameters(*trainer.model()) / 1e6;
+  r.train_gflop_per_sample = models::dit_train_flops_per_sample(dit) / 1e9;
+  r.step_time_median_s = quantile(step_times, 0.5);
+  r.step_time_p10_s = quantile(step_times, 0.1);
+  r.step_time_p90_s = quantile(step_times, 0.9);
+  r.step_time_min_s = quantile(step_times, 0.0);
+  r.step_time_max_s = quantile(step_times, 1.0);
+  r.data_wait_median_s = quantile(data_waits, 0.5);
+  r.samples_per_s = double(r.batch) / r.step_time_median_s;
+  r.tokens_per_s = r.samples_per_s * double(r.tokens_per_sample);
+  r.achieved_tflops = r.samples_per_s * r.train_gflop_per_sample / 1e3;
+  r.peak_memory_bytes = peak_memory_bytes(device, r.memory_kind);
+  if (o.peak_tflops > 0) {
+    r.peak_tflops = o.peak_tflops;
+    r.peak_source = "given";
+  } else {
+    const at::ScalarType dtype = config.train.precision == "bf16" ? at::kBFloat16 : at::kFloat;
+    r.peak_tflops = measure_matmul_tflops(device, dtype);
+    r.peak_source = fmt::format("measured {} matmul", dtype == at::kBFloat16 ? "bf16" : "fp32");
+  }
+  r.mfu = r.achieved_tflops / r.peak_tflops;
+  fs::remove_all(dir);
+  return r;
+}
+
+std::string BenchReport::to_json() const {
+  nlohmann::json j = {{"device", device},
+                      {"precision", precision},
+                      {"threads", threads},
+                      {"batch", batch},
+                      {"tokens_per_sample", tokens_per_sample},
+                      {"steps", steps},
+                      {"warmup", warmup},
+                      {"params_m", params_m},
+                      {"train_gflop_per_sample", train_gflop_per_sample},
+                      {"step_time_median_s", step_time_median_s},
+                      {"step_time_p10_s", step_time_p10_s},
+                      {"step_time_p90_s", step_time_p90_s},
+                      {"step_time_min_s", step_time_min_s},
+                      {"step_time_max_s", step_time_max_s},
+                      {"data_wait_median_s", data_wait_median_s},
+                      {"samples_per_s", samples_per_s},
+                      {"tokens_per_s", tokens_per_s},
+                      {"achieved_tflops", achieved_tflops},
+                      {"peak_tflops", peak_tflops},
+                      {"peak_source", peak_source},
+                      {"mfu", mfu},
+                      {"peak_memory_bytes", peak_memory_bytes},
+                      {"memory_kind", memory_kind},
+                      {"first_loss", first_loss}};
+  return j.dump(2);
+}
+
+std::string BenchReport::to_table() const {
+  return fmt::format(
+      "device {} ({}, {} threads) | batch {} × {} tokens | {:.2f}M params, {:.3f} GFLOP/sample\n"
+      "step time median {:.4f} s (p10 {:.4f}, p90 {:.4f}, min {:.4f}, max {:.4f}) over {} steps after {} warm-up\n"
+      "{:.1f} samples/s | {:.0f} tokens/s | {:.3f} TFLOP/s achieved | peak {:.3f} TFLOP/s ({}) | MFU {:.1f}%\n"
+      "{} {:.1f} MiB | data wait median {:.4f} s | first-step loss {:.6f}",
+      device, precision, threads, batch, tokens_per_sample, params_m, train_gflop_per_sample, step_time_median_s,
+      step_time_p10_s, step_time_p90_s, step_time_min_s, step_time_max_s, steps, warmup, samples_per_s, tokens_per_s,
+      achieved_tflops, peak_tflops, peak_source, 100 * mfu, memory_kind, peak_memory_bytes / 1048576.0,
+      data_wait_median_s, first_loss);
+}
+
+double write_parity_dump(const Config& c, const std::string& path) {
+  // Exactly the trainer's first micro-batch: same initialisation seed, same first batch of the
+  // loader, same per-step generator (trainer.cpp: Trainer::train_step).
+  at::manual_seed(static_cast<uint64_t>(c.run.seed));
+  models::DiT model = build_model(c.model);
+  auto dataset = build_dataset(c);
+  data::LoaderOptions lo;
+  lo.global_batch = c.data.batch_size;
+  lo.workers = 0;
+  lo.seed = static_cast<uint64_t>(c.run.seed);
+  lo.image_size = c.model.image_size;
+  data::Loader loader(dataset, lo);
+  data::Batch batch = loader.next();
+  const int64_t micro = batch.images.size(0) / c.train.grad_accum;
+  at::Tensor x0 = batch.images.narrow(0, 0, micro), labels = batch.labels.narrow(0, 0, micro);
+  models::TimestepSampler ts{models::parse_timestep_distribution(c.flow.timesteps), c.flow.logit_mean,
+                             c.flow.logit_std, c.flow.shift};
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(step_seed(c.run.seed, 0, 0, 0));
+  models::FlowMatchingDraw draw =
+      models::draw_flow_matching_inputs(x0, labels, ts, c.model.class_dropout, c.model.num_classes, gen);
+  models::VelocityFn velocity = [&](const at::Tensor& x, const at::Tensor& t, const at::Tensor& y) {
+    return model->forward(x, t, y);
+  };
+  at::Tensor loss;
+  {
+    at::NoGradGuard no_grad;
+    loss = models::flow_matching_loss(velocity, x0, draw).loss;
+  }
+  data::NamedTensors out;
+  for (const auto& p : model->named_parameters()) out.emplace_back("model." + p.key(), p.value().detach());
+  out.emplace_back("x0", x0);
+  out.emplace_back("labels", draw.labels);
+  out.emplace_back("t", draw.t);
+  out.emplace_back("noise", draw.noise);
+  out.emplace_back("loss", loss);
+  const auto o = dit_options(c.model);
+  data::write_safetensors(path, out,
+                          {{"hidden", std::to_string(o.hidden)},
+                           {"depth", std::to_string(o.depth)},
+                           {"heads", std::to_string(o.heads)},
+                           {"patch", std::to_string(o.patch)},
+                           {"input_size", std::to_string(o.input_size)},
+                           {"in_channels", std::to_string(o.in_channels)},
+                           {"num_classes", std::to_string(o.num_classes)},
+                           {"learn_sigma", o.learn_sigma ? "true" : "false"},
+                           {"mlp_ratio", fmt::format("{}", o.mlp_ratio)},
+                           {"timestep_scale", fmt::format("{}", o.timestep_scale)},
+                           {"batch_size", std::to_string(c.data.batch_size)},
+                           {"grad_accum", std::to_string(c.train.grad_accum)},
+                           {"lr", fmt::format("{}", c.optim.lr)},
+                           {"threads", std::to_string(at::get_num_threads())}});
+  return loss.item<double>();
+}
+
+}  // namespace flowtrain::trainer
