@@ -24,10 +24,8 @@ png_image blank_image() {
 
 std::string errno_text() { return std::strerror(errno); }
 
-}  // namespace
-
-void write_png(const std::string& path, const at::Tensor& image) {
-  const std::string where = "PNG file " + path + ": ";
+// Checks the tensor and encodes it; `where` prefixes every error ("PNG file x.png: ").
+std::string encode(const std::string& where, const at::Tensor& image) {
   if (!image.defined()) throw DataError(where + "image tensor is undefined");
   if (image.scalar_type() != at::kByte)
     throw DataError(where + "expected a uint8 image, got " + std::string(c10::toString(image.scalar_type())));
@@ -44,16 +42,35 @@ void write_png(const std::string& path, const at::Tensor& image) {
   png.height = static_cast<png_uint_32>(h);
   png.format = rgb ? PNG_FORMAT_RGB : PNG_FORMAT_GRAY;
 
+  // One pass into a buffer of libpng's documented worst-case size (raw pixels plus deflate and
+  // chunk overhead), rather than a sizing pass that would compress the image twice.
+  std::string bytes(PNG_IMAGE_PNG_SIZE_MAX(png), '\0');
+  png_alloc_size_t size = bytes.size();
+  const int ok = png_image_write_to_memory(&png, bytes.data(), &size, 0, pixels.data_ptr(), 0, nullptr);
+  const std::string message = png.message;
+  png_image_free(&png);
+  if (!ok)
+    throw DataError(where + "libpng: " +
+                    (size > bytes.size() ? "needs " + std::to_string(size) + " bytes, more than its own bound" : message));
+  bytes.resize(size);
+  return bytes;
+}
+
+}  // namespace
+
+std::string encode_png(const at::Tensor& image) { return encode("encode_png: ", image); }
+
+void write_png(const std::string& path, const at::Tensor& image) {
+  const std::string bytes = encode("PNG file " + path + ": ", image);
+
   const std::string tmp = path + ".tmp";
   FILE* file = std::fopen(tmp.c_str(), "wb");
   if (!file) throw DataError("cannot create PNG file " + tmp + ": " + errno_text());
   std::string error;
-  if (!png_image_write_to_stdio(&png, file, 0, pixels.data_ptr(), 0, nullptr))
-    error = std::string("libpng: ") + png.message;
-  else if (std::fflush(file) != 0 || ::fsync(::fileno(file)) != 0)
+  if (std::fwrite(bytes.data(), 1, bytes.size(), file) != bytes.size() || std::fflush(file) != 0 ||
+      ::fsync(::fileno(file)) != 0)
     error = errno_text();
   if (std::fclose(file) != 0 && error.empty()) error = errno_text();
-  png_image_free(&png);
   if (error.empty() && std::rename(tmp.c_str(), path.c_str()) != 0) error = "rename from " + tmp + ": " + errno_text();
   if (!error.empty()) {
     std::remove(tmp.c_str());

@@ -1,4 +1,5 @@
-// PNG output for sample grids (and PNG input, for tests), through libpng's simplified API.
+// PNG output for sample grids and TensorBoard images (and PNG input, for tests), through libpng's
+// simplified API.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -12,6 +13,10 @@ namespace flowtrain::data {
 // path + ".tmp", fsynced, then renamed over path, so a reader never sees a half-written PNG.
 // Throws DataError naming the file on a bad tensor or an I/O / encoder failure.
 void write_png(const std::string& path, const at::Tensor& image);
+
+// The same encoding as write_png, returned as PNG file bytes in memory (for TensorBoard image
+// summaries, which embed the PNG). Throws DataError on a bad tensor or an encoder failure.
+std::string encode_png(const at::Tensor& image);
 
 // Returns uint8 [H, W] for gray PNGs and [H, W, 3] for color ones; 16-bit images are reduced to
 // 8 bits, palettes expanded, and alpha composited onto black. Throws DataError naming the file.
