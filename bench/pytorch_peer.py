@@ -1,0 +1,427 @@
+#!/usr/bin/env python3
+"""The plain-PyTorch peer of `flowtrain bench`: the same DiT and the same training step in eager
+PyTorch (or torch.compile), started from flowtrain's initial weights.
+
+    python bench/pytorch_peer.py --dump PARITY.safetensors --steps N --warmup W --threads T \
+        [--compile] [--device cpu|cuda] [--json OUT]
+
+1. Parity: builds the model from the dump's metadata, loads its `model.*` weights, computes the
+   flow-matching loss on the dump's x0 / labels / t / noise and compares it with the dump's
+   `loss` (flowtrain's first-step loss on the same inputs). PASS if the relative difference is
+   at most 1e-5, else FAIL and exit 1.
+2. Timing: W warm-up steps, then N timed steps of the training step of flowtrain's
+   Trainer::train_step on synthetic data of the same shapes, reported with the keys of
+   flowtrain's BenchReport JSON.
+
+Exit codes: 0 ok, 1 parity FAIL, 2 usage, 3 torch.compile failed (the reason is printed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import sys
+import time
+
+_T_START = time.perf_counter()
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from safetensors import safe_open  # noqa: E402
+from safetensors.torch import load_file  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from pytorch_dit import DiT, flow_matching_loss  # noqa: E402
+
+# Relative tolerance of the loss parity. Both sides compute the same fp32 function, but possibly
+# with different kernels and summation orders (oneDNN/MKL/cuBLAS blocking, SDPA backend, inductor's
+# fused kernels, the order of the final mean). Each fp32 operation rounds at u = 2^-24 ~ 6e-8; a
+# mean over the 10^4-10^6 elements of a batch has a worst-case relative error ~ log2(n) u (blocked
+# or pairwise sums, ~1e-6), and the forward's per-layer rounding largely averages out in the mean.
+# For a loss of order 1 that keeps honest disagreement below 1e-5. Measured on trained weights
+# (the network check below, tiny config): a sin/cos swap in the timestep features moves the loss
+# by 2e-2, the timestep scale by 2e-3, shift/scale or the position table's row/column halves by
+# 7e-4 -- all caught; GELU erf-vs-tanh (2e-6) and LayerNorm eps 1e-5-vs-1e-6 (4e-7) are below
+# fp32 loss resolution and are left to flowtrain's unit tests against float64 references.
+PARITY_RTOL = 1e-5
+
+
+def rss_bytes() -> int:
+    """Current resident set size of this process."""
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def quantile(values: list[float], q: float) -> float:
+    """Linear interpolation between order statistics: the same as flowtrain's bench.cpp."""
+    if not values:
+        return 0.0
+    v = sorted(values)
+    pos = q * (len(v) - 1)
+    lo = int(pos)
+    hi = min(lo + 1, len(v) - 1)
+    return v[lo] + (pos - lo) * (v[hi] - v[lo])
+
+
+def read_dump(path: str):
+    with safe_open(path, framework="pt") as f:
+        meta = f.metadata() or {}
+        tensors = {k: f.get_tensor(k) for k in f.keys()}
+    required = ["hidden", "depth", "heads", "patch", "input_size", "in_channels", "num_classes", "learn_sigma",
+                "mlp_ratio", "timestep_scale", "batch_size", "grad_accum", "lr"]
+    missing = [k for k in required if k not in meta]
+    if missing:
+        raise SystemExit(f"{path}: metadata lacks {', '.join(missing)} (not a flowtrain parity dump?)")
+    for k in ["x0", "labels", "t", "noise", "loss"]:
+        if k not in tensors:
+            raise SystemExit(f"{path}: no tensor '{k}' (not a flowtrain parity dump?)")
+    return meta, tensors
+
+
+def build_model(meta: dict) -> DiT:
+    return DiT(input_size=int(meta["input_size"]), patch=int(meta["patch"]), in_channels=int(meta["in_channels"]),
+               hidden=int(meta["hidden"]), depth=int(meta["depth"]), heads=int(meta["heads"]),
+               mlp_ratio=float(meta["mlp_ratio"]), num_classes=int(meta["num_classes"]),
+               learn_sigma=meta["learn_sigma"] == "true", timestep_scale=float(meta["timestep_scale"]))
+
+
+def read_run_config(path: str) -> dict:
+    """The two-level `section: / key: value  # comment` YAML that flowtrain writes as a run's
+    config.yaml (no PyYAML needed): {"section.key": "value"}."""
+    out, section = {}, None
+    with open(path) as f:
+        for raw in f:
+            line = raw.split("  #", 1)[0].rstrip()
+            if not line.strip() or line.lstrip().startswith("#"):
+                continue
+            key, _, value = line.strip().partition(":")
+            if not line.startswith(" "):
+                section = key
+            elif section:
+                out[f"{section}.{key}"] = value.strip().strip('"').strip("'")
+    return out
+
+
+_M64 = (1 << 64) - 1
+
+
+def _mix64(z: int) -> int:
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _M64
+    return z ^ (z >> 31)
+
+
+def epoch_order(n: int, seed: int, epoch: int) -> list[int]:
+    """flowtrain's data order (data/loader.cpp epoch_order): Fisher-Yates with splitmix64."""
+    order = list(range(n))
+    state = ((seed * 0x100000001B3) & _M64) ^ ((epoch + 0x51ED27) & _M64)
+    for i in range(n - 1, 0, -1):
+        state = (state + 0x9E3779B97F4A7C15) & _M64
+        j = _mix64(state) % (i + 1)
+        order[i], order[j] = order[j], order[i]
+    return order
+
+
+def step_seed(run_seed: int, rank: int, step: int, micro: int) -> int:
+    """flowtrain's per-(rank, step, micro-batch) generator seed (trainer/trainer.cpp)."""
+    z = (run_seed * 0x9E3779B97F4A7C15) & _M64
+    for v in (rank, step, micro):
+        z = (z ^ (((v + 0x9E3779B97F4A7C15) + (z << 6) + (z >> 2)) & _M64)) & _M64
+        z = _mix64(z)
+    return z
+
+
+class FlowtrainSyntheticRun:
+    """Reproduces, bit for bit, the inputs of a step of `flowtrain train` on data.source=synthetic:
+    the synthetic data set (data/loader.cpp make_synthetic_dataset), the loader's batch order and
+    uint8 -> [-1, 1] conversion, and the per-step draw of timesteps, noise and label dropout
+    (models/flow_matching.cpp draw_flow_matching_inputs), all from torch's CPU generator, which is
+    the same code in LibTorch and PyTorch."""
+
+    def __init__(self, cfg: dict):
+        self.seed = int(cfg["run.seed"])
+        self.batch, self.accum = int(cfg["data.batch_size"]), int(cfg["train.grad_accum"])
+        self.num_classes, self.dropout = int(cfg["model.num_classes"]), float(cfg["model.class_dropout"])
+        self.timesteps, self.shift = cfg["flow.timesteps"], float(cfg["flow.shift"])
+        self.logit_mean, self.logit_std = float(cfg["flow.logit_mean"]), float(cfg["flow.logit_std"])
+        channels, side = int(cfg["model.in_channels"]), int(cfg["model.image_size"])
+        self.n = max(4096, self.batch)
+        gen = torch.Generator().manual_seed(self.seed)
+        self.images = torch.randint(0, 256, (self.n, channels, side, side), generator=gen, dtype=torch.uint8)
+        self.labels = torch.randint(0, self.num_classes, (self.n,), generator=gen, dtype=torch.long)
+
+    def micro_batches(self, step: int):
+        """(x0, labels, t, noise) of each micro-batch of the step that starts at `step` (0-based)."""
+        per_epoch = self.n // self.batch
+        epoch, position = step // per_epoch, (step % per_epoch) * self.batch
+        index = torch.tensor(epoch_order(self.n, self.seed, epoch)[position:position + self.batch])
+        images = self.images.index_select(0, index).to(torch.float32).div_(127.5).sub_(1.0)
+        labels = self.labels.index_select(0, index)
+        micro = self.batch // self.accum
+        for m in range(self.accum):
+            x0, y = images[m * micro:(m + 1) * micro], labels[m * micro:(m + 1) * micro]
+            gen = torch.Generator().manual_seed(step_seed(self.seed, 0, step, m))
+            if self.timesteps == "uniform":
+                t = torch.rand(micro, generator=gen)
+            else:
+                t = torch.sigmoid(torch.randn(micro, generator=gen) * self.logit_std + self.logit_mean)
+            if self.shift != 1.0:
+                t = self.shift * t / (1 + (self.shift - 1) * t)
+            noise = torch.randn(x0.shape, generator=gen)
+            if self.dropout > 0:
+                drop = torch.rand(micro, generator=gen) < self.dropout
+                y = torch.where(drop, torch.full_like(y, self.num_classes), y)
+            yield x0, y, t, noise
+
+
+def check_trained_run(run_dir: str, meta: dict, dump: dict, device: torch.device) -> tuple[bool, str]:
+    """Network parity on trained weights. `run_dir` is a `flowtrain train` run on synthetic data
+    with a checkpoint at step K and metrics for step K+1: the loss flowtrain logged for step K+1
+    was computed with the step-K weights on inputs reproduced here, so the two must agree like the
+    first-step loss -- but now every part of the network contributes (at initialisation the
+    adaLN-Zero model outputs 0 and the first-step loss does not depend on it)."""
+    cfg = read_run_config(os.path.join(run_dir, "config.yaml"))
+    if cfg.get("data.source") != "synthetic":
+        return True, f"network parity: skipped ({run_dir} is not a data.source=synthetic run)"
+    steps = sorted(int(d.split("-")[1]) for d in os.listdir(os.path.join(run_dir, "checkpoints"))
+                   if d.startswith("step-") and not d.endswith(".tmp"))
+    metrics = {}
+    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+        for line in f:
+            if line.strip():
+                rec = json.loads(line)
+                metrics[int(rec["step"])] = rec
+    usable = [k for k in steps if k + 1 in metrics and k > 0]
+    if not usable:
+        return False, f"network parity: FAIL ({run_dir} has no checkpoint K > 0 with a logged step K+1)"
+    k = usable[0]
+    data = FlowtrainSyntheticRun(cfg)
+    # The reproduction must give the dump's step-0 inputs exactly, or the comparison means nothing.
+    x0, y, t, noise = next(data.micro_batches(0))
+    same = all(torch.equal(a, dump[name]) for a, name in ((x0, "x0"), (y, "labels"), (t, "t"), (noise, "noise")))
+    if not same:
+        return False, ("network parity: FAIL (could not reproduce flowtrain's step-0 inputs from its config: "
+                       "the loader, the synthetic data set or the draw changed; update FlowtrainSyntheticRun)")
+    model = build_model(meta)
+    model.load_state_dict(load_file(os.path.join(run_dir, "checkpoints", f"step-{k:07d}", "model.safetensors")),
+                          strict=True)
+    model.to(device)
+    loss = torch.zeros((), device=device)
+    zero_loss = torch.zeros((), device=device)
+    with torch.no_grad():
+        for x0, y, t, noise in data.micro_batches(k):
+            x0, y, t, noise = (a.to(device) for a in (x0, y, t, noise))
+            loss += flow_matching_loss(model, x0, y, t, noise) / data.accum
+            zero_loss += F.mse_loss(torch.zeros_like(x0), noise - x0) / data.accum
+    ok, line, _, _ = parity_line(f"network, step-{k} weights, step {k + 1} loss", float(loss),
+                                 float(metrics[k + 1]["loss"]))
+    contribution = abs(float(loss) - float(zero_loss)) / float(zero_loss)
+    return ok, line + f" | the network moves the loss {contribution:.1%} from an all-zero output"
+
+
+def parity_line(name: str, loss: float, reference: float) -> tuple[bool, str, float, float]:
+    abs_diff = abs(loss - reference)
+    rel_diff = abs_diff / max(abs(reference), 1e-30)
+    ok = rel_diff <= PARITY_RTOL
+    line = (f"parity ({name}): pytorch {loss:.9f} | flowtrain {reference:.9f} | abs diff {abs_diff:.3e} | "
+            f"rel diff {rel_diff:.3e} (tolerance {PARITY_RTOL:.0e}) -> {'PASS' if ok else 'FAIL'}")
+    return ok, line, abs_diff, rel_diff
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--dump", required=True, help="parity dump written by `flowtrain bench --parity-dump`")
+    ap.add_argument("--steps", type=int, default=20, help="timed steps (0: parity checks only)")
+    ap.add_argument("--warmup", type=int, default=3, help="untimed warm-up steps (include compilation)")
+    ap.add_argument("--threads", type=int, default=0, help="intra-op threads (0 = torch's default)")
+    ap.add_argument("--compile", action="store_true", help="torch.compile the model (default: eager)")
+    ap.add_argument("--device", default="cpu", help="cpu (default) or cuda[:N]")
+    ap.add_argument("--json", help="write the report here (keys of flowtrain's BenchReport)")
+    ap.add_argument("--check-run", metavar="RUN_DIR",
+                    help="also check the loss on trained weights against this `flowtrain train` run on synthetic "
+                         "data (a checkpoint at step K, metrics for step K+1; see compare_pytorch.sh)")
+    # Not in the dump's metadata; they do not change the work per step, only the numbers.
+    ap.add_argument("--class-dropout", type=float, default=0.1, help="label dropout probability (default 0.1)")
+    ap.add_argument("--ema-decay", type=float, default=0.9999, help="EMA decay (default 0.9999)")
+    ap.add_argument("--grad-clip", type=float, default=1.0, help="global-norm clip (default 1.0)")
+    args = ap.parse_args()
+    if args.steps < 0 or args.warmup < 0:
+        ap.error("--steps and --warmup must be >= 0")
+
+    rss_after_import = rss_bytes()
+    import_s = time.perf_counter() - _T_START
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        print("pytorch_peer: --device cuda but CUDA is not available", file=sys.stderr)
+        return 2
+    implementation = "pytorch-compile" if args.compile else "pytorch-eager"
+
+    # ---- parity ---------------------------------------------------------------------------
+    meta, dump = read_dump(args.dump)
+    model = build_model(meta)
+    state = {k[len("model."):]: v for k, v in dump.items() if k.startswith("model.")}
+    model.load_state_dict(state, strict=True)  # the names and shapes must match exactly
+    model.to(device)
+    C = int(meta["in_channels"])
+    x0, labels, t, noise = (dump[k].to(device) for k in ("x0", "labels", "t", "noise"))
+    reference = float(dump["loss"])
+    with torch.no_grad():
+        v = model(((1 - t.view(-1, 1, 1, 1)) * x0 + t.view(-1, 1, 1, 1) * noise), t, labels)
+        eager_loss = float(flow_matching_loss(model, x0, labels, t, noise))
+    ok, line, abs_diff, rel_diff = parity_line("eager", eager_loss, reference)
+    print(line, flush=True)
+    if bool((v == 0).all()):
+        print("parity note: the dumped weights make the model output exactly 0 (adaLN-Zero initialisation), so "
+              "this check covers the inputs, the interpolation and the loss, not the network"
+              + ("" if args.check_run else "; --check-run tests the network on trained weights"), flush=True)
+    del v
+    parity_ok = ok
+    if args.check_run:
+        ok, line = check_trained_run(args.check_run, meta, dump, device)
+        print(line, flush=True)
+        parity_ok = parity_ok and ok
+    if args.steps == 0:
+        return 0 if parity_ok else 1
+
+    # ---- the training step (flowtrain: Trainer::train_step) -------------------------------
+    batch = int(meta["batch_size"])
+    accum = int(meta["grad_accum"])
+    micro = batch // accum
+    side, num_classes = int(meta["input_size"]), int(meta["num_classes"])
+    tokens_per_sample = (side // int(meta["patch"])) ** 2
+    model.train()
+    params = list(model.parameters())
+    trainable = [p for p in params if p.requires_grad]  # pos_embed is fixed, as in flowtrain's AdamW
+    # flowtrain's dump carries only lr; betas/eps are torch's AdamW defaults (0.9, 0.999), 1e-8 and
+    # weight_decay 0.0 is flowtrain's default (torch's would be 1e-2: an extra multiply per tensor).
+    # The values change the numbers, not the work per step. Implementation: torch's default
+    # (for-each on CUDA, a per-tensor loop on the CPU), i.e. what a plain PyTorch user gets.
+    optimizer = torch.optim.AdamW(trainable, lr=float(meta["lr"]), betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
+    ema = [p.detach().clone() for p in params]  # flowtrain's EMA covers every parameter
+
+    run_model = model
+    compile_s = 0.0
+    if args.compile:
+        run_model = torch.compile(model)
+        # Compile (forward and backward graphs) on the parity batch: also checks the compiled
+        # model's loss against flowtrain's.
+        t0 = time.perf_counter()
+        try:
+            compiled_loss = flow_matching_loss(run_model, x0, labels, t, noise)
+            compiled_loss.backward()
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+        except Exception as e:  # noqa: BLE001 - any compile failure is reported, not raised
+            reason = f"{type(e).__name__}: {e}".strip().splitlines()
+            print("torch.compile failed: " + " | ".join(reason[:8]), flush=True)
+            return 3
+        compile_s = time.perf_counter() - t0
+        optimizer.zero_grad(set_to_none=True)
+        ok, line, abs_diff, rel_diff = parity_line("compile", float(compiled_loss.detach()), reference)
+        print(line + f" (compiled in {compile_s:.1f} s)", flush=True)
+        parity_ok = parity_ok and ok
+    first_loss = eager_loss if not args.compile else float(compiled_loss.detach())
+    del x0, labels, t, noise, dump, state
+
+    def synthetic_batch():
+        # Like flowtrain's synthetic loader: images in [-1, 1] and labels, made on the CPU each step.
+        images = torch.rand(batch, C, side, side) * 2 - 1
+        y = torch.randint(0, num_classes, (batch,))
+        return images, y
+
+    def train_step() -> float:
+        images, y = synthetic_batch()
+        images, y = images.to(device), y.to(device)
+        total = torch.zeros((), device=device)
+        for m in range(accum):
+            xm, ym = images[m * micro:(m + 1) * micro], y[m * micro:(m + 1) * micro]
+            # The flow-matching draw, on the CPU like flowtrain's: logit-normal t, noise, label dropout.
+            tm = torch.sigmoid(torch.randn(micro)).to(device)
+            nm = torch.randn(xm.shape).to(device)
+            drop = (torch.rand(micro) < args.class_dropout).to(device)
+            ym = torch.where(drop, torch.full_like(ym, num_classes), ym)
+            loss = flow_matching_loss(run_model, xm, ym, tm, nm)
+            (loss / accum).backward()
+            total += loss.detach() / accum
+        if args.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(trainable, args.grad_clip)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        with torch.no_grad():
+            torch._foreach_lerp_(ema, [p.detach() for p in params], 1.0 - args.ema_decay)
+        return float(total)  # host sync, like flowtrain's per-step loss.item()
+
+    rss_before_first_step = rss_bytes()
+    step_times = []
+    try:
+        for i in range(args.warmup + args.steps):
+            t0 = time.perf_counter()
+            train_step()
+            dt = time.perf_counter() - t0
+            if i >= args.warmup:
+                step_times.append(dt)
+    except Exception as e:  # noqa: BLE001
+        if not args.compile:
+            raise
+        reason = f"{type(e).__name__}: {e}".strip().splitlines()
+        print("torch.compile failed during training: " + " | ".join(reason[:8]), flush=True)
+        return 3
+
+    if device.type == "cuda":
+        memory_kind, peak = "cuda peak allocated", torch.cuda.max_memory_allocated(device)
+    else:
+        memory_kind, peak = "cpu peak RSS", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    median = quantile(step_times, 0.5)
+    report = {
+        "implementation": implementation,
+        "device": str(device),
+        "precision": "fp32",
+        "threads": torch.get_num_threads(),
+        "batch": batch,
+        "tokens_per_sample": tokens_per_sample,
+        "steps": args.steps,
+        "warmup": args.warmup,
+        "params_m": sum(p.numel() for p in params) / 1e6,
+        "step_time_median_s": median,
+        "step_time_p10_s": quantile(step_times, 0.1),
+        "step_time_p90_s": quantile(step_times, 0.9),
+        "step_time_min_s": quantile(step_times, 0.0),
+        "step_time_max_s": quantile(step_times, 1.0),
+        "samples_per_s": batch / median,
+        "tokens_per_s": batch / median * tokens_per_sample,
+        "peak_memory_bytes": int(peak),
+        "memory_kind": memory_kind,
+        "rss_after_import_bytes": rss_after_import,
+        "rss_before_first_step_bytes": rss_before_first_step,
+        "first_loss": first_loss,  # on the parity batch; the compiled model's under --compile
+        "reference_loss": reference,  # the dump's loss (flowtrain)
+        "eager_loss": eager_loss,
+        "parity_abs_diff": abs_diff,
+        "parity_rel_diff": rel_diff,
+        "parity": "PASS" if parity_ok else "FAIL",
+        "import_s": import_s,
+        "compile_s": compile_s,
+        "torch_version": torch.__version__,
+    }
+    mib = 1 / 1048576
+    print(f"{implementation} on {device} (fp32, {report['threads']} threads) | batch {batch} x {tokens_per_sample} "
+          f"tokens ({accum} micro-batches) | {report['params_m']:.2f}M params | torch {torch.__version__}")
+    print(f"step time median {median:.4f} s (p10 {report['step_time_p10_s']:.4f}, p90 {report['step_time_p90_s']:.4f}, "
+          f"min {report['step_time_min_s']:.4f}, max {report['step_time_max_s']:.4f}) over {args.steps} steps after "
+          f"{args.warmup} warm-up | {report['samples_per_s']:.1f} samples/s")
+    print(f"{memory_kind} {peak * mib:.1f} MiB | RSS after `import torch` {rss_after_import * mib:.1f} MiB, "
+          f"before the first step {rss_before_first_step * mib:.1f} MiB", flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=2)
+            f.write("\n")
+    return 0 if parity_ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
