@@ -2,10 +2,13 @@
 // point; every user-facing failure arrives here as a typed exception and leaves as one clear
 // error line and a non-zero exit code (2: bad config or usage, 1: anything else).
 #include "data/data_error.h"
+#include "data/fashion_mnist.h"
 #include "trainer/bench.h"
 #include "models/dit.h"
 #include "trainer/builders.h"
 #include "trainer/checkpoint.h"
+#include "trainer/classifier_cache.h"
+#include "trainer/evaluate.h"
 #include "trainer/config.h"
 #include "trainer/export.h"
 #include "trainer/run_log.h"
@@ -66,6 +69,25 @@ int cmd_sample(const ConfigArgs& args, const std::string& checkpoint, std::strin
   return 0;
 }
 
+int cmd_train_classifier(const ConfigArgs& args, bool force) {
+  trainer::Config c = args.load();
+  trainer::setup_logging("");
+  trainer::configure_threads(c.train);
+  const c10::Device device = trainer::select_device(c.run);
+  const std::string dir = c.eval.classifier_dir.empty() ? trainer::default_classifier_dir() : c.eval.classifier_dir;
+  trainer::TrainedClassifier classifier;
+  if (force) {
+    auto train = data::load_fashion_mnist(c.data.path, "train"), test = data::load_fashion_mnist(c.data.path, "test");
+    classifier = trainer::train_classifier(dir, train, test, device);
+  } else {
+    classifier = trainer::load_or_train_classifier(dir, c.data.path, device);
+  }
+  std::printf("{\"path\": \"%s\", \"test_accuracy\": %.4f, \"weights_hash\": \"%s\", \"trained_now\": %s}\n",
+              classifier.path.c_str(), classifier.test_accuracy, classifier.weights_hash.c_str(),
+              classifier.trained_now ? "true" : "false");
+  return 0;
+}
+
 int cmd_bench(const ConfigArgs& args, const trainer::BenchOptions& options, const std::string& json_path) {
   trainer::Config c = args.load();
   if (options.synthetic) c.data.source = "synthetic";
@@ -121,6 +143,21 @@ int main(int argc, char** argv) {
   auto* config = app.add_subcommand("config", "print the fully resolved config (defaults filled in)");
   config_args.add_to(config);
 
+  ConfigArgs eval_args;
+  std::string eval_checkpoint;
+  int64_t eval_num = 0;
+  auto* eval = app.add_subcommand("eval", "score a checkpoint's samples: FD, real-vs-real floor, class accuracy, IS");
+  eval_args.add_to(eval);
+  eval->add_option("--checkpoint", eval_checkpoint, "checkpoint directory")->required();
+  eval->add_option("--num", eval_num, "generated samples (default: eval.num)");
+
+  ConfigArgs classifier_args;
+  bool classifier_force = false;
+  auto* train_classifier = app.add_subcommand(
+      "train-classifier", "train (or load from the cache) the Fashion-MNIST classifier that eval uses as its judge");
+  classifier_args.add_to(train_classifier);
+  train_classifier->add_flag("--force", classifier_force, "retrain even if a valid cached classifier exists");
+
   ConfigArgs bench_args;
   trainer::BenchOptions bench_options;
   std::string bench_json;
@@ -154,6 +191,15 @@ int main(int argc, char** argv) {
     }
     if (*config) return cmd_config(config_args);
     if (*bench) return cmd_bench(bench_args, bench_options, bench_json);
+    if (*eval) {
+      trainer::Config c = eval_args.load();
+      trainer::setup_logging("");
+      trainer::configure_threads(c.train);
+      trainer::QualityReport report = trainer::evaluate_checkpoint(c, eval_checkpoint, eval_num);
+      std::printf("%s\n", report.to_json().c_str());
+      return 0;
+    }
+    if (*train_classifier) return cmd_train_classifier(classifier_args, classifier_force);
   } catch (const trainer::ConfigError& e) {
     std::fprintf(stderr, "flowtrain: config error: %s\n", e.what());
     return 2;

@@ -32,10 +32,15 @@ at::Tensor generate_samples(models::DiT& model, const SampleConfig& sample, cons
   return out;
 }
 
-void write_sample_grid(const std::string& path, const at::Tensor& samples, int64_t num_classes) {
-  std::filesystem::create_directories(std::filesystem::path(path).parent_path());
+at::Tensor sample_grid_image(const at::Tensor& samples, int64_t num_classes) {
   const int64_t nrow = std::min<int64_t>(num_classes, samples.size(0));
-  data::write_png(path, data::make_image_grid(samples.to(at::kFloat), nrow, /*padding=*/2));
+  return data::make_image_grid(samples.to(at::kFloat), nrow, /*padding=*/2);
+}
+
+void write_sample_grid(const std::string& path, const at::Tensor& samples, int64_t num_classes) {
+  const auto parent = std::filesystem::path(path).parent_path();
+  if (!parent.empty()) std::filesystem::create_directories(parent);
+  data::write_png(path, sample_grid_image(samples, num_classes));
 }
 
 }  // namespace flowtrain::trainer

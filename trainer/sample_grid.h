@@ -14,7 +14,9 @@ namespace flowtrain::trainer {
 at::Tensor generate_samples(models::DiT& model, const SampleConfig& sample, const FlowConfig& flow,
                             int64_t num_classes, const c10::Device& device);
 
-// Lays samples out with one class per column (num_classes columns) and writes a PNG atomically.
+// Lays samples out with one class per column (num_classes columns): uint8 [H, W] or [H, W, 3].
+at::Tensor sample_grid_image(const at::Tensor& samples, int64_t num_classes);
+// The same grid written as a PNG, atomically.
 void write_sample_grid(const std::string& path, const at::Tensor& samples, int64_t num_classes);
 
 }  // namespace flowtrain::trainer

@@ -1,6 +1,9 @@
 #include "trainer/trainer.h"
 
+#include "data/png.h"
+
 #include "trainer/builders.h"
+#include "trainer/evaluate.h"
 #include "trainer/file_util.h"
 #include "trainer/sample_grid.h"
 #include "trainer/stop_signal.h"
@@ -102,6 +105,10 @@ Trainer::Trainer(Config config, TrainerHooks hooks) : config_(std::move(config))
   lo.image_size = config_.model.image_size;
   loader_ = std::make_unique<data::Loader>(dataset_, lo, progress_.loader);
   metrics_ = std::make_unique<MetricsWriter>((fs::path(config_.run.out_dir) / "metrics.jsonl").string(), progress_.step);
+  if (config_.train.tensorboard)
+    tensorboard_ = std::make_unique<TensorBoardWriter>((fs::path(config_.run.out_dir) / "tb").string());
+  if (config_.profile.enabled)
+    profiler_ = std::make_unique<StepProfiler>(config_.profile, config_.run.out_dir, /*rank=*/0, device_.is_cuda());
   all_finite_ = at::ones({}, at::TensorOptions().dtype(at::kBool).device(device_));
 }
 
@@ -164,7 +171,10 @@ void Trainer::restore(const std::string& dir) {
 Trainer::StepResult Trainer::train_step() {
   const int64_t accum = config_.train.grad_accum;
   const auto t_data = Clock::now();
-  data::Batch batch = loader_->next();
+  data::Batch batch = [&] {
+    ProfileRange range("data_wait");
+    return loader_->next();
+  }();
   StepResult r{at::zeros({}, at::TensorOptions().dtype(at::kFloat).device(device_)), {}, seconds_since(t_data)};
   at::Tensor images = batch.images.to(device_), labels = batch.labels.to(device_);
   const int64_t micro = images.size(0) / accum;
@@ -176,14 +186,19 @@ Trainer::StepResult Trainer::train_step() {
     at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(step_seed(config_.run.seed, 0, progress_.step, m));
     at::Tensor loss;
     {
+      ProfileRange range("forward");
       AutocastScope autocast(config_.train.precision == "bf16", device_.type());
       loss = models::flow_matching_loss(velocity, images.narrow(0, m * micro, micro), labels.narrow(0, m * micro, micro),
                                         timesteps_, config_.model.class_dropout, config_.model.num_classes, gen)
                  .loss;
     }
-    (loss / accum).backward();
+    {
+      ProfileRange range("backward");
+      (loss / accum).backward();
+    }
     r.loss += loss.detach() / accum;
   }
+  ProfileRange range("optimizer");
   r.grad_norm = clip_grad_norm(model_->parameters(), config_.optim.grad_clip);
   all_finite_.logical_and_(at::isfinite(r.loss).logical_and(at::isfinite(r.grad_norm)));
 
@@ -206,6 +221,7 @@ void Trainer::check_finite(const char* when) {
 
 void Trainer::write_checkpoint() {
   check_finite("before checkpoint");
+  ProfileRange range("checkpoint");
   const auto t0 = Clock::now();
   CheckpointContents c;
   c.model = state_dict(*model_);
@@ -227,14 +243,58 @@ void Trainer::write_checkpoint() {
 
 void Trainer::write_samples() {
   check_finite("before sampling");
+  ProfileRange range("sample");
   const auto t0 = Clock::now();
   models::DiT& model = ema_ ? ema_->model() : model_;
   at::Tensor samples = generate_samples(model, config_.sample, config_.flow, dataset_->num_classes, device_);
   const std::string path =
       (fs::path(config_.run.out_dir) / "samples" / fmt::format("step-{:07d}.png", progress_.step)).string();
-  write_sample_grid(path, samples, dataset_->num_classes);
+  at::Tensor grid = sample_grid_image(samples, dataset_->num_classes);
+  data::write_png(path, grid);
+  if (tensorboard_) tensorboard_->add_image("samples", grid, progress_.step);
   spdlog::info("samples {} ({} images, {} {} steps, cfg {}) in {:.1f} s", path, config_.sample.num,
                config_.sample.sampler, config_.sample.steps, config_.sample.cfg_scale, seconds_since(t0));
+}
+
+void Trainer::evaluate() {
+  check_finite("before evaluation");
+  ProfileRange range("eval");
+  const auto t0 = Clock::now();
+  models::DiT& model = ema_ ? ema_->model() : model_;
+  QualityReport q = evaluate_model(model, config_, device_);
+  const std::map<std::string, double> values = {{"eval_fd", q.fd},
+                                                {"eval_fd_floor", q.fd_floor},
+                                                {"eval_class_accuracy", q.class_accuracy},
+                                                {"eval_inception_score", q.inception_score}};
+  metrics_->write(progress_.step, values);
+  if (tensorboard_) tensorboard_->add_scalars(values, progress_.step);
+  spdlog::info("eval at step {} ({} samples, {} weights): FD {:.3f} (real-vs-real floor {:.3f}) | class accuracy "
+               "{:.1f}% | IS {:.2f} | {:.1f} s",
+               progress_.step, q.num, ema_ ? "EMA" : "raw", q.fd, q.fd_floor, 100 * q.class_accuracy,
+               q.inception_score, seconds_since(t0));
+}
+
+void Trainer::log_step(const StepResult& r, double step_time, double data_wait) {
+  const int64_t step = progress_.step, total = config_.train.steps;
+  const float loss = r.loss.item<float>();  // host sync only on log steps
+  const float grad_norm = r.grad_norm.item<float>();
+  const double samples_per_s = config_.data.batch_size / step_time;
+  spdlog::info("step {:>{}}/{} | loss {:.4f} | grad_norm {:.3f} | lr {:.2e} | {:.1f} samples/s | "
+               "{:.3f} s/step (data {:.0f}%) | ETA {}",
+               step, std::to_string(total).size(), total, loss, grad_norm, progress_.lr, samples_per_s, step_time,
+               100.0 * data_wait / step_time, format_duration((total - step) * step_time));
+  const std::map<std::string, double> values = {{"loss", loss},
+                                                {"grad_norm", grad_norm},
+                                                {"lr", progress_.lr},
+                                                {"samples_per_s", samples_per_s},
+                                                {"step_time_s", step_time},
+                                                {"data_wait_s", data_wait},
+                                                {"compute_s", step_time - data_wait},
+                                                {"epoch", double(progress_.loader.epoch)},
+                                                {"samples_seen", double(progress_.samples_seen)}};
+  metrics_->write(step, values);
+  if (tensorboard_) tensorboard_->add_scalars(values, step);
+  check_finite("at log step");
 }
 
 int64_t Trainer::run() {
@@ -252,7 +312,9 @@ int64_t Trainer::run() {
   double window_data_wait = 0;
   while (progress_.step < total) {
     const auto step_start = Clock::now();
+    if (profiler_) profiler_->step_begin(progress_.step + 1);
     StepResult r = train_step();
+    if (profiler_) profiler_->step_end(progress_.step);
     if (hooks_.on_step) {
       const double loss = r.loss.item<double>();  // synchronises the device: the time is real
       hooks_.on_step({progress_.step, seconds_since(step_start), r.data_wait_s, loss});
@@ -263,27 +325,12 @@ int64_t Trainer::run() {
     const bool last = step == total;
 
     if (step % config_.train.log_every == 0 || step == 1 || last) {
-      const float loss = r.loss.item<float>();  // host sync only on log steps
-      const float grad_norm = r.grad_norm.item<float>();
-      const double step_time = seconds_since(window_start) / window_steps;
-      const double samples_per_s = config_.data.batch_size / step_time;
-      spdlog::info("step {:>{}}/{} | loss {:.4f} | grad_norm {:.3f} | lr {:.2e} | {:.1f} samples/s | "
-                   "{:.3f} s/step (data {:.0f}%) | ETA {}",
-                   step, std::to_string(total).size(), total, loss, grad_norm, progress_.lr, samples_per_s, step_time,
-                   100.0 * window_data_wait / (step_time * window_steps), format_duration((total - step) * step_time));
-      metrics_->write(step, {{"loss", loss},
-                             {"grad_norm", grad_norm},
-                             {"lr", progress_.lr},
-                             {"samples_per_s", samples_per_s},
-                             {"step_time_s", step_time},
-                             {"data_wait_s", window_data_wait / window_steps},
-                             {"epoch", double(progress_.loader.epoch)},
-                             {"samples_seen", double(progress_.samples_seen)}});
-      check_finite("at log step");
+      log_step(r, seconds_since(window_start) / window_steps, window_data_wait / window_steps);
       window_start = Clock::now();
       window_steps = 0;
       window_data_wait = 0;
     }
+    if (config_.eval.every > 0 && (step % config_.eval.every == 0 || last)) evaluate();
     if (config_.sample.every > 0 && (step % config_.sample.every == 0 || last)) write_samples();
     if ((config_.checkpoint.every > 0 && step % config_.checkpoint.every == 0) || (last && hooks_.final_checkpoint))
       write_checkpoint();

@@ -12,7 +12,9 @@
 #include "trainer/config.h"
 #include "trainer/ema.h"
 #include "trainer/optimizer.h"
+#include "trainer/profiler.h"
 #include "trainer/run_log.h"
+#include "trainer/tensorboard.h"
 
 #include <c10/core/Device.h>
 
@@ -57,6 +59,8 @@ class Trainer {
   StepResult train_step();
   void write_checkpoint();
   void write_samples();
+  void evaluate();
+  void log_step(const StepResult& r, double step_time, double data_wait);
   void check_finite(const char* when);
   std::string resolve_resume() const;
 
@@ -72,6 +76,8 @@ class Trainer {
   std::shared_ptr<const data::ImageDataset> dataset_;
   std::unique_ptr<data::Loader> loader_;
   std::unique_ptr<MetricsWriter> metrics_;
+  std::unique_ptr<TensorBoardWriter> tensorboard_;  // null when train.tensorboard is off
+  std::unique_ptr<StepProfiler> profiler_;          // null when profile.enabled is off
   TrainProgress progress_;
   at::Tensor all_finite_;  // device flag: every loss / grad norm since the last check was finite
   int64_t last_checkpoint_step_ = -1;

@@ -11,6 +11,7 @@
 
 #include <chrono>
 #include <filesystem>
+#include <map>
 #include <fstream>
 #include <set>
 #include <thread>
@@ -177,4 +178,49 @@ TEST(TrainCli, BadInputGivesOneClearErrorAndWritesNothing) {
   r = train_tiny(run + "/d", {"checkpoint.resume=" + run + "/no-such-checkpoint"});
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_NE(r.output.find("no such checkpoint"), std::string::npos) << r.output;
+}
+
+// Telemetry of a run: TensorBoard events beside metrics.jsonl, and a Kineto trace of exactly the
+// configured step window with the trainer's named phases.
+TEST(TrainCli, WritesTensorBoardEventsAndAProfileTrace) {
+  REQUIRE_DATA();
+  const std::string run = scratch_dir("run");
+  auto r = train_tiny(run, {"train.steps=5", "profile.enabled=true", "profile.start_step=2", "profile.num_steps=2",
+                            "sample.every=5"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  std::vector<fs::path> events;
+  for (const auto& e : fs::directory_iterator(run + "/tb")) events.push_back(e.path());
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_NE(events[0].filename().string().find("events.out.tfevents."), std::string::npos);
+  const std::string tb = read_file(events[0].string());
+  for (const char* tag : {"brain.Event:2", "loss", "grad_norm", "samples_per_s", "samples"})
+    EXPECT_NE(tb.find(tag), std::string::npos) << tag;
+  const auto trace = nlohmann::json::parse(read_file(run + "/profiles/rank-0-step-2.json"));
+  std::map<std::string, int> phases;
+  for (const auto& e : trace["traceEvents"])
+    if (e.contains("name") && e["name"].is_string()) phases[e["name"].get<std::string>()] += 1;
+  for (const char* phase : {"data_wait", "forward", "backward", "optimizer"}) EXPECT_EQ(phases[phase], 2) << phase;
+}
+
+// flowtrain eval on a checkpoint prints the quality report (the classifier is trained on first
+// use into the shared test cache, or loaded from it).
+TEST(TrainCli, EvalReportsQualityMetricsAsJson) {
+  REQUIRE_DATA();
+  const std::string run = scratch_dir("run");
+  auto r = train_tiny(run, {"train.steps=2"});
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::string cache = std::string(FLOWTRAIN_TEST_TMP) + "/classifier-cache";
+  r = run_flowtrain("eval -c " + source_path("tests/configs/tiny_fashion.yaml") + " --checkpoint " + ckpt(run, 2) +
+                    " --num 100 --set eval.steps=2 --set eval.classifier_dir=" + cache +
+                    " --set data.path=" + fashion_mnist_dir());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::string json_line = r.output.substr(r.output.rfind("{\"fd\""));
+  const auto report = nlohmann::json::parse(json_line);
+  for (const char* key : {"fd", "fd_floor", "class_accuracy", "inception_score", "classifier_test_accuracy", "num"})
+    EXPECT_TRUE(report.contains(key)) << key;
+  EXPECT_EQ(report["num"], 100);
+  EXPECT_GE(report["classifier_test_accuracy"].get<double>(), 0.9);
+  // two steps of training cannot make samples look like garments: far above the real floor
+  EXPECT_GT(report["fd"].get<double>(), 5 * report["fd_floor"].get<double>());
+  EXPECT_TRUE(fs::exists(ckpt(run, 2) + "/eval.json"));
 }

@@ -42,7 +42,7 @@ TEST(Cuda, DiTForwardMatchesCpuInFp32AndBf16Autocast) {
   EXPECT_LT(rel_error(out, ref), 1e-4);
   at::autocast::set_autocast_dtype(at::kCUDA, at::kBFloat16);
   at::autocast::set_autocast_enabled(at::kCUDA, true);
-  at::Tensor bf16 = model->forward(x.cuda(), t.cuda(), y.cuda()).float().cpu();
+  at::Tensor bf16 = model->forward(x.cuda(), t.cuda(), y.cuda()).to(at::kFloat).cpu();
   at::autocast::set_autocast_enabled(at::kCUDA, false);
   at::autocast::clear_cache();
   // bf16 has an 8-bit mantissa (2^-8 ≈ 0.4% per rounding); through 12 blocks the output error is
