@@ -260,6 +260,7 @@ std::vector<Section> build_schema() {
                   .add("precision", &TrainConfig::precision, one_of({"fp32", "bf16"}),
                        "bf16 = autocast, fp32 master weights")
                   .add("ema_decay", &TrainConfig::ema_decay, range("[)", 0, 1), "0 = no EMA")
+                  .add("ema_warmup", &TrainConfig::ema_warmup, any(), "decay min(ema_decay, (1+n)/(10+n)) at step n")
                   .add("log_every", &TrainConfig::log_every, at_least(1), "steps between log lines")
                   .add("threads", &TrainConfig::threads, at_least(0), "intra-op CPU threads; 0 = all cores")
                   .add("tensorboard", &TrainConfig::tensorboard, any(), "also write TensorBoard events to tb/")

@@ -78,6 +78,7 @@ struct TrainConfig {
   int64_t grad_accum = 1;
   std::string precision = "fp32";  // fp32 | bf16 (bf16 autocast, fp32 master weights)
   double ema_decay = 0.9999;       // 0 = no EMA (sampling then uses the raw weights)
+  bool ema_warmup = true;          // decay_n = min(ema_decay, (1 + n) / (10 + n)) after n steps
   int64_t log_every = 10;
   int64_t threads = 0;             // intra-op CPU threads; 0 = all cores
   bool tensorboard = true;         // also write TensorBoard event files to <out_dir>/tb

@@ -2,6 +2,8 @@
 
 #include "trainer/state_dict.h"
 
+#include <algorithm>
+
 namespace flowtrain::trainer {
 
 Ema::Ema(const models::DiT& model) : ema_(models::DiT(model->options)) {
@@ -9,6 +11,11 @@ Ema::Ema(const models::DiT& model) : ema_(models::DiT(model->options)) {
   load_state_dict(*ema_, state_dict(*model), "EMA initialisation");
   for (auto& p : ema_->parameters()) p.set_requires_grad(false);
   ema_params_ = ema_->parameters();
+}
+
+double Ema::decay_at(double decay, bool warmup, int64_t steps_done) {
+  if (!warmup) return decay;
+  return std::min(decay, (1.0 + double(steps_done)) / (10.0 + double(steps_done)));
 }
 
 void Ema::update(const models::DiT& model, double decay) {

@@ -11,6 +11,10 @@ class Ema {
   // Starts as an exact copy of `model` (same options, same weights), on the same device.
   explicit Ema(const models::DiT& model);
   void update(const models::DiT& model, double decay);
+  // The decay for the update after `steps_done` optimizer steps. With warm-up the average
+  // forgets the random initialisation quickly early on (decay (1+n)/(10+n): 0.1, 0.18, …) and
+  // reaches `decay` later; without it a 0.9999 EMA of a short run is mostly the initial weights.
+  static double decay_at(double decay, bool warmup, int64_t steps_done);
   models::DiT& model() { return ema_; }
 
  private:

@@ -205,7 +205,7 @@ Trainer::StepResult Trainer::train_step() {
   progress_.lr = schedule_.lr_at(progress_.step);
   optimizer_->step(progress_.lr);
   optimizer_->zero_grad();
-  if (ema_) ema_->update(model_, config_.train.ema_decay);
+  if (ema_) ema_->update(model_, Ema::decay_at(config_.train.ema_decay, config_.train.ema_warmup, progress_.step));
   progress_.step += 1;
   progress_.samples_seen += images.size(0);
   progress_.loader = batch.state_after;

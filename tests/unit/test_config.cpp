@@ -93,7 +93,7 @@ TEST(ConfigTest, AllKeysListsEverySettingInFileOrder) {
       "data.source", "data.path", "data.batch_size", "data.workers", "data.prefetch",
       "optim.lr", "optim.beta1", "optim.beta2", "optim.eps", "optim.weight_decay", "optim.warmup_steps",
       "optim.schedule", "optim.min_lr_ratio", "optim.grad_clip",
-      "train.steps", "train.grad_accum", "train.precision", "train.ema_decay", "train.log_every", "train.threads",
+      "train.steps", "train.grad_accum", "train.precision", "train.ema_decay", "train.ema_warmup", "train.log_every", "train.threads",
       "train.tensorboard",
       "sample.every", "sample.num", "sample.steps", "sample.sampler", "sample.cfg_scale", "sample.seed",
       "checkpoint.every", "checkpoint.keep", "checkpoint.resume",
@@ -321,7 +321,7 @@ Config everything_changed() {
   c.flow = {"uniform", -0.3, 0.7, 3.0};
   c.data = {"synthetic", "", 96, 0, 2};
   c.optim = {3e-4, 0.8, 0.95, 1e-6, 0.01, 50, "cosine", 0.1, 0.0};
-  c.train = {12345, 3, "bf16", 0.999, 5, 2, false};
+  c.train = {12345, 3, "bf16", 0.999, false, 5, 2, false};
   c.sample = {0, 16, 20, "heun", 4.0, 99};
   c.checkpoint = {100, 0, "never"};
   c.eval = {250, 500, 10, "euler", 2.0, 7, "/tmp/classifiers"};
