@@ -307,7 +307,9 @@ int64_t Trainer::run() {
   model_->train();
   spdlog::info("training steps {} → {}", progress_.step, total);
 
-  auto window_start = Clock::now();
+  // Time of the training steps since the last log line; periodic eval / samples / checkpoints
+  // are not counted, so samples/s and ETA describe training itself.
+  double window_time = 0;
   int64_t window_steps = 0;
   double window_data_wait = 0;
   while (progress_.step < total) {
@@ -319,14 +321,17 @@ int64_t Trainer::run() {
       const double loss = r.loss.item<double>();  // synchronises the device: the time is real
       hooks_.on_step({progress_.step, seconds_since(step_start), r.data_wait_s, loss});
     }
-    ++window_steps;
-    window_data_wait += r.data_wait_s;
     const int64_t step = progress_.step;
     const bool last = step == total;
+    const bool log_now = step % config_.train.log_every == 0 || step == 1 || last;
+    if (log_now) r.loss.item<float>();  // wait for the device, so the window's time is real
+    window_time += seconds_since(step_start);
+    ++window_steps;
+    window_data_wait += r.data_wait_s;
 
-    if (step % config_.train.log_every == 0 || step == 1 || last) {
-      log_step(r, seconds_since(window_start) / window_steps, window_data_wait / window_steps);
-      window_start = Clock::now();
+    if (log_now) {
+      log_step(r, window_time / window_steps, window_data_wait / window_steps);
+      window_time = 0;
       window_steps = 0;
       window_data_wait = 0;
     }
