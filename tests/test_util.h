@@ -1,6 +1,10 @@
 // Small helpers shared by the test binaries: scratch directories and file access.
 #pragma once
 
+#include "data/data_error.h"
+
+#include <gtest/gtest.h>
+
 #include <string>
 
 namespace flowtrain::test {
@@ -19,4 +23,22 @@ bool have_fashion_mnist();
 // Path of a file in the source tree (configs/…, tests/…).
 std::string source_path(const std::string& relative);
 
+// The message of the DataError that `f` throws, or "<no DataError thrown>".
+template <typename F>
+std::string data_error_message(F&& f) {
+  try {
+    f();
+  } catch (const data::DataError& e) {
+    return e.what();
+  }
+  return "<no DataError thrown>";
+}
+
 }  // namespace flowtrain::test
+
+// Expects `statement` to throw a DataError whose message contains `substring`.
+#define EXPECT_DATA_ERROR(statement, substring)                                            \
+  do {                                                                                     \
+    const std::string message_ = ::flowtrain::test::data_error_message([&] { statement; }); \
+    EXPECT_NE(message_.find(substring), std::string::npos) << "message: " << message_;     \
+  } while (0)

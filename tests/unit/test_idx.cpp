@@ -16,21 +16,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-template <typename F>
-std::string data_error_message(F&& f) {
-  try {
-    f();
-  } catch (const DataError& e) {
-    return e.what();
-  }
-  return "<no DataError thrown>";
-}
-
-#define EXPECT_DATA_ERROR(statement, substring)                                       \
-  do {                                                                                \
-    const std::string message_ = data_error_message([&] { statement; });              \
-    EXPECT_NE(message_.find(substring), std::string::npos) << "message: " << message_; \
-  } while (0)
 
 // Header bytes: 0x00 0x00 type ndim, then each dim as a big-endian u32.
 std::string idx_header(uint8_t type, const std::vector<uint32_t>& dims) {

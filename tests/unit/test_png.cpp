@@ -14,21 +14,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-template <typename F>
-std::string data_error_message(F&& f) {
-  try {
-    f();
-  } catch (const DataError& e) {
-    return e.what();
-  }
-  return "<no DataError thrown>";
-}
-
-#define EXPECT_DATA_ERROR(statement, substring)                                       \
-  do {                                                                                \
-    const std::string message_ = data_error_message([&] { statement; });              \
-    EXPECT_NE(message_.find(substring), std::string::npos) << "message: " << message_; \
-  } while (0)
 
 at::Tensor random_u8(at::IntArrayRef shape) {
   return at::randint(0, 256, shape, at::TensorOptions().dtype(at::kByte));

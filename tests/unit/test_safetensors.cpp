@@ -16,21 +16,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-template <typename F>
-std::string data_error_message(F&& f) {
-  try {
-    f();
-  } catch (const DataError& e) {
-    return e.what();
-  }
-  return "<no DataError thrown>";
-}
-
-#define EXPECT_DATA_ERROR(statement, substring)                                  \
-  do {                                                                           \
-    const std::string message_ = data_error_message([&] { statement; });         \
-    EXPECT_NE(message_.find(substring), std::string::npos) << "message: " << message_; \
-  } while (0)
 
 std::string le64(uint64_t v) {
   std::string out(8, '\0');
