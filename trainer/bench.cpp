@@ -183,17 +183,13 @@ double write_parity_dump(const Config& c, const std::string& path) {
   at::manual_seed(static_cast<uint64_t>(c.run.seed));
   models::DiT model = build_model(c.model);
   auto dataset = build_dataset(c);
-  data::LoaderOptions lo;
-  lo.global_batch = c.data.batch_size;
-  lo.workers = 0;
-  lo.seed = static_cast<uint64_t>(c.run.seed);
-  lo.image_size = c.model.image_size;
+  data::LoaderOptions lo = loader_options(c);
+  lo.workers = 0;  // the stream does not depend on the worker count
   data::Loader loader(dataset, lo);
   data::Batch batch = loader.next();
   const int64_t micro = batch.images.size(0) / c.train.grad_accum;
   at::Tensor x0 = batch.images.narrow(0, 0, micro), labels = batch.labels.narrow(0, 0, micro);
-  models::TimestepSampler ts{models::parse_timestep_distribution(c.flow.timesteps), c.flow.logit_mean,
-                             c.flow.logit_std, c.flow.shift};
+  const models::TimestepSampler ts = timestep_sampler(c.flow);
   at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(step_seed(c.run.seed, 0, 0, 0));
   models::FlowMatchingDraw draw =
       models::draw_flow_matching_inputs(x0, labels, ts, c.model.class_dropout, c.model.num_classes, gen);

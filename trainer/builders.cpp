@@ -58,6 +58,20 @@ std::shared_ptr<const data::ImageDataset> build_dataset(const Config& c) {
   return dataset;
 }
 
+data::LoaderOptions loader_options(const Config& c) {
+  data::LoaderOptions lo;
+  lo.global_batch = c.data.batch_size;
+  lo.workers = c.data.workers;
+  lo.prefetch = c.data.prefetch;
+  lo.seed = static_cast<uint64_t>(c.run.seed);
+  lo.image_size = c.model.image_size;
+  return lo;
+}
+
+models::TimestepSampler timestep_sampler(const FlowConfig& flow) {
+  return {models::parse_timestep_distribution(flow.timesteps), flow.logit_mean, flow.logit_std, flow.shift};
+}
+
 int configure_threads(const TrainConfig& train) {
   int threads = static_cast<int>(train.threads);
   if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));

@@ -3,7 +3,9 @@
 #pragma once
 
 #include "data/image_dataset.h"
+#include "data/loader.h"
 #include "models/dit.h"
+#include "models/flow_matching.h"
 #include "trainer/config.h"
 
 #include <c10/core/Device.h>
@@ -22,6 +24,11 @@ models::DiT build_model(const ModelConfig& model);
 // Loads data.source; checks the images fit model.in_channels / image_size / num_classes and
 // throws ConfigError naming the key otherwise.
 std::shared_ptr<const data::ImageDataset> build_dataset(const Config& config);
+
+// The loader and timestep sampler of a run. The trainer and the parity dump of `flowtrain bench`
+// both build them here, so the dump reproduces the trainer's first step by construction.
+data::LoaderOptions loader_options(const Config& config);
+models::TimestepSampler timestep_sampler(const FlowConfig& flow);
 
 // Sets the intra-op thread count (train.threads; 0 = all cores) and returns it.
 int configure_threads(const TrainConfig& train);

@@ -19,7 +19,7 @@ class Ema {
 
  private:
   models::DiT ema_;
-  std::vector<at::Tensor> ema_params_, params_cache_;
+  std::vector<at::Tensor> ema_params_;
 };
 
 }  // namespace flowtrain::trainer

@@ -89,21 +89,14 @@ Trainer::Trainer(Config config, TrainerHooks hooks) : config_(std::move(config))
   optimizer_ = std::make_unique<AdamW>(named, adam);
   schedule_ = {config_.optim.lr, config_.optim.warmup_steps, config_.optim.schedule, config_.train.steps,
                config_.optim.min_lr_ratio};
-  timesteps_ = {models::parse_timestep_distribution(config_.flow.timesteps), config_.flow.logit_mean,
-                config_.flow.logit_std, config_.flow.shift};
+  timesteps_ = timestep_sampler(config_.flow);
   if (config_.train.ema_decay > 0) ema_ = std::make_unique<Ema>(model_);
 
   const std::string resume = resolve_resume();
   if (!resume.empty()) restore(resume);
   else spdlog::info("starting from scratch (seed {})", config_.run.seed);
 
-  data::LoaderOptions lo;
-  lo.global_batch = config_.data.batch_size;
-  lo.workers = config_.data.workers;
-  lo.prefetch = config_.data.prefetch;
-  lo.seed = static_cast<uint64_t>(config_.run.seed);
-  lo.image_size = config_.model.image_size;
-  loader_ = std::make_unique<data::Loader>(dataset_, lo, progress_.loader);
+  loader_ = std::make_unique<data::Loader>(dataset_, loader_options(config_), progress_.loader);
   metrics_ = std::make_unique<MetricsWriter>((fs::path(config_.run.out_dir) / "metrics.jsonl").string(), progress_.step);
   if (config_.train.tensorboard)
     tensorboard_ = std::make_unique<TensorBoardWriter>((fs::path(config_.run.out_dir) / "tb").string());
