@@ -114,7 +114,15 @@ at::Tensor DiTImpl::unpatchify(const at::Tensor& tokens) const {
 at::Tensor DiTImpl::forward(const at::Tensor& x, const at::Tensor& t, const at::Tensor& y) {
   at::Tensor tokens = x_embedder->forward(x) + pos_embed;                 // [B, T, D]
   at::Tensor c = t_embedder->forward(t * options.timestep_scale) + y_embedder->forward(y);  // [B, D]
-  for (const auto& block : *blocks) tokens = block->as<DiTBlock>()->forward(tokens, c);
+  for (int64_t i = 0; i < options.depth; ++i) {
+    DiTBlockImpl* block = blocks[i]->as<DiTBlock>();
+    if (!block_runner) {
+      tokens = block->forward(tokens, c);
+      continue;
+    }
+    tokens = block_runner(i, [block](const at::Tensor& x, const at::Tensor& cond) { return block->forward(x, cond); },
+                          tokens, c);
+  }
   return unpatchify(final_layer->forward(tokens, c));                    // [B, C_out, H, W]
 }
 

@@ -14,6 +14,7 @@
 
 #include <torch/nn/modules/container/modulelist.h>
 
+#include <functional>
 #include <string>
 
 namespace flowtrain::models {
@@ -61,6 +62,13 @@ struct FinalLayerImpl : torch::nn::Module {
 };
 TORCH_MODULE(FinalLayer);
 
+// How DiT::forward calls block `index`. Empty = call it directly. The distributed runtime
+// installs its own (an FSDP unit gathers the block's weights before `call` and frees them
+// after; activation checkpointing re-runs `call` in backward), so the model never names them.
+using BlockCall = std::function<at::Tensor(const at::Tensor& x, const at::Tensor& c)>;
+using BlockRunner =
+    std::function<at::Tensor(int64_t index, const BlockCall& call, const at::Tensor& x, const at::Tensor& c)>;
+
 struct DiTImpl : torch::nn::Module {
   explicit DiTImpl(const DiTOptions& options, AttentionFn attention = default_attention());
 
@@ -81,6 +89,7 @@ struct DiTImpl : torch::nn::Module {
   at::Tensor pos_embed;  // [1, T, D], a fixed (requires_grad = false) parameter, as the reference
   torch::nn::ModuleList blocks{nullptr};
   FinalLayer final_layer{nullptr};
+  BlockRunner block_runner;
 };
 TORCH_MODULE(DiT);
 

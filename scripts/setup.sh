@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs everything flowtrain needs on a fresh Debian 12 machine, and nothing twice:
 #   - Debian packages (compiler tools, yaml-cpp, spdlog, fmt, json, gtest, libpng, CLI11, the
-#     Fashion-MNIST data set), skipped when all are present;
+#     Fashion-MNIST data set, and Slurm's controller/node daemons and client for the `slurm`
+#     test label), skipped when all are present;
 #   - LibTorch, as the PyPI torch==2.11.0 wheel (CUDA 13.0 build) in a virtualenv outside the
 #     repository: $FLOWTRAIN_DEPS/torch-2.11.0 (default FLOWTRAIN_DEPS=~/.cache/flowtrain), so
 #     every clone and CI run reuses it. Skipped when FLOWTRAIN_TORCH_DIR (a directory holding
@@ -11,7 +12,8 @@ set -euo pipefail
 
 deb_packages=(build-essential cmake ninja-build ccache pkg-config python3-venv
   libyaml-cpp-dev libspdlog-dev libfmt-dev nlohmann-json3-dev libgtest-dev libgmock-dev
-  libpng-dev zlib1g-dev libcli11-dev dataset-fashion-mnist)
+  libpng-dev zlib1g-dev libcli11-dev libgloo-dev dataset-fashion-mnist
+  slurmctld slurmd slurm-client)  # Slurm: tests/slurm/ starts its own cluster (scripts/slurm/local_cluster.sh)
 
 missing=()
 for p in "${deb_packages[@]}"; do
@@ -21,7 +23,18 @@ if ((${#missing[@]})); then
   echo "[setup] installing Debian packages: ${missing[*]}" >&2
   sudo_cmd=""; [ "$(id -u)" -eq 0 ] || sudo_cmd="sudo"
   $sudo_cmd apt-get update -qq
+  # The Slurm (and munge) packages' postinst would start system daemons; the tests start their
+  # own cluster instead. A policy-rc.d that exits 101 forbids service starts during the install;
+  # only one we created is removed (containers often ship their own).
+  policy_rc=/usr/sbin/policy-rc.d; own_policy_rc=""
+  if [ ! -e "$policy_rc" ]; then
+    printf '#!/bin/sh\nexit 101\n' | $sudo_cmd tee "$policy_rc" >/dev/null
+    $sudo_cmd chmod 755 "$policy_rc"
+    own_policy_rc=1
+    trap '$sudo_cmd rm -f "$policy_rc"' EXIT  # also when the install fails
+  fi
   DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2
+  if [ -n "$own_policy_rc" ]; then $sudo_cmd rm -f "$policy_rc"; trap - EXIT; fi
 fi
 
 if [ -n "${FLOWTRAIN_TORCH_DIR:-}" ]; then

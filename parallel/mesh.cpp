@@ -1,0 +1,67 @@
+#include "parallel/mesh.h"
+
+#include <fmt/format.h>
+
+namespace flowtrain::parallel {
+
+Mesh::Mesh(MeshShape shape, int64_t world) : shape_(shape), world_(world) {
+  if (world < 1) throw MeshError(fmt::format("world size must be >= 1, got {}", world));
+  if (shape_.dp_replicate < 1)
+    throw MeshError(fmt::format("parallel.dp_replicate must be >= 1, got {}", shape_.dp_replicate));
+  if (shape_.cp < 1) throw MeshError(fmt::format("parallel.cp must be >= 1, got {}", shape_.cp));
+  if (shape_.dp_shard == -1) {
+    const int64_t rest = shape_.dp_replicate * shape_.cp;
+    if (world % rest != 0)
+      throw MeshError(fmt::format("world size {} is not divisible by parallel.dp_replicate {} × parallel.cp {}",
+                                  world, shape_.dp_replicate, shape_.cp));
+    shape_.dp_shard = world / rest;
+  }
+  if (shape_.dp_shard < 1)
+    throw MeshError(fmt::format("parallel.dp_shard must be >= 1 or -1 (the rest), got {}", shape_.dp_shard));
+  if (shape_.dp_replicate * shape_.dp_shard * shape_.cp != world)
+    throw MeshError(fmt::format("parallel.dp_replicate {} × parallel.dp_shard {} × parallel.cp {} = {}, but the world "
+                                "size is {}",
+                                shape_.dp_replicate, shape_.dp_shard, shape_.cp,
+                                shape_.dp_replicate * shape_.dp_shard * shape_.cp, world));
+}
+
+MeshCoord Mesh::coord(int64_t rank) const {
+  return {rank / (shape_.dp_shard * shape_.cp), (rank / shape_.cp) % shape_.dp_shard, rank % shape_.cp};
+}
+
+int64_t Mesh::rank_of(const MeshCoord& c) const {
+  return (c.replicate * shape_.dp_shard + c.shard) * shape_.cp + c.context;
+}
+
+int64_t Mesh::data_parallel_rank(int64_t rank) const {
+  const MeshCoord c = coord(rank);
+  return c.replicate * shape_.dp_shard + c.shard;
+}
+
+std::vector<int64_t> Mesh::shard_group(int64_t rank) const {
+  MeshCoord c = coord(rank);
+  std::vector<int64_t> ranks;
+  for (c.shard = 0; c.shard < shape_.dp_shard; ++c.shard) ranks.push_back(rank_of(c));
+  return ranks;
+}
+
+std::vector<int64_t> Mesh::replicate_group(int64_t rank) const {
+  MeshCoord c = coord(rank);
+  std::vector<int64_t> ranks;
+  for (c.replicate = 0; c.replicate < shape_.dp_replicate; ++c.replicate) ranks.push_back(rank_of(c));
+  return ranks;
+}
+
+std::vector<int64_t> Mesh::context_group(int64_t rank) const {
+  MeshCoord c = coord(rank);
+  std::vector<int64_t> ranks;
+  for (c.context = 0; c.context < shape_.cp; ++c.context) ranks.push_back(rank_of(c));
+  return ranks;
+}
+
+std::string Mesh::describe() const {
+  return fmt::format("dp_replicate {} × dp_shard {} × cp {} = {}", shape_.dp_replicate, shape_.dp_shard, shape_.cp,
+                     world_);
+}
+
+}  // namespace flowtrain::parallel
