@@ -1,5 +1,7 @@
 #include "models/flow_matching.h"
 
+#include <ATen/CPUGeneratorImpl.h>
+
 #include <stdexcept>
 
 namespace flowtrain::models {
@@ -59,6 +61,30 @@ FlowMatchingDraw draw_flow_matching_inputs(const at::Tensor& x0, const at::Tenso
   d.t = timesteps.sample(x0.size(0), gen, x0.options());
   d.noise = at::randn(x0.sizes(), gen, x0.options().device(at::kCPU)).to(x0.device());
   d.labels = drop_labels(labels, label_dropout, null_class, gen);
+  return d;
+}
+
+FlowMatchingDraw draw_flow_matching_inputs_per_row(const at::Tensor& x0, const at::Tensor& labels,
+                                                   const TimestepSampler& timesteps, double label_dropout,
+                                                   int64_t null_class, const std::function<uint64_t(int64_t)>& row_seed,
+                                                   int64_t first_row) {
+  const int64_t n = x0.size(0);
+  const auto cpu_float = at::TensorOptions().dtype(at::kFloat);
+  std::vector<at::Tensor> ts, noises, drops;
+  for (int64_t i = 0; i < n; ++i) {
+    at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(row_seed(first_row + i));
+    ts.push_back(timesteps.sample(1, gen, cpu_float));
+    noises.push_back(at::randn(x0[i].sizes(), gen, x0.options().device(at::kCPU)));
+    if (label_dropout > 0) drops.push_back(at::rand({1}, gen, cpu_float));
+  }
+  FlowMatchingDraw d;
+  d.t = at::cat(ts).to(x0.options());
+  d.noise = at::stack(noises).to(x0.device());
+  d.labels = labels;
+  if (label_dropout > 0) {
+    at::Tensor drop = at::cat(drops).lt(label_dropout).to(labels.device());
+    d.labels = at::where(drop, at::full_like(labels, null_class), labels);
+  }
   return d;
 }
 

@@ -50,6 +50,15 @@ FlowMatchingDraw draw_flow_matching_inputs(const at::Tensor& x0, const at::Tenso
                                            const TimestepSampler& timesteps, double label_dropout,
                                            int64_t null_class, at::Generator& gen);
 
+// The draws for rows [first_row, first_row + B) of a global batch, each row from its own CPU
+// generator seeded with row_seed(global row index), in the same order (t, noise, dropout). A
+// row's draw does not depend on how the global batch is split across data-parallel ranks and
+// micro-batches, so every layout of the same global batch trains on the same noise.
+FlowMatchingDraw draw_flow_matching_inputs_per_row(const at::Tensor& x0, const at::Tensor& labels,
+                                                   const TimestepSampler& timesteps, double label_dropout,
+                                                   int64_t null_class, const std::function<uint64_t(int64_t)>& row_seed,
+                                                   int64_t first_row);
+
 struct FlowMatchingLoss {
   at::Tensor loss;       // scalar, mean over all elements: mean((v_pred − (ε − x0))²)
   at::Tensor t;          // [B] the sampled times (for logging per-t loss later)

@@ -190,9 +190,7 @@ double write_parity_dump(const Config& c, const std::string& path) {
   const int64_t micro = batch.images.size(0) / c.train.grad_accum;
   at::Tensor x0 = batch.images.narrow(0, 0, micro), labels = batch.labels.narrow(0, 0, micro);
   const models::TimestepSampler ts = timestep_sampler(c.flow);
-  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(step_seed(c.run.seed, 0, 0, 0));
-  models::FlowMatchingDraw draw =
-      models::draw_flow_matching_inputs(x0, labels, ts, c.model.class_dropout, c.model.num_classes, gen);
+  models::FlowMatchingDraw draw = draw_step_inputs(c, ts, x0, labels, /*step=*/0, /*first_row=*/0);
   models::VelocityFn velocity = [&](const at::Tensor& x, const at::Tensor& t, const at::Tensor& y) {
     return model->forward(x, t, y);
   };

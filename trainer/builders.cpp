@@ -11,12 +11,13 @@
 
 namespace flowtrain::trainer {
 
-c10::Device select_device(const RunConfig& run) {
+c10::Device select_device(const RunConfig& run, int64_t local_rank) {
   const bool has_cuda = at::hasCUDA();
   if (run.device == "cpu" || (run.device == "auto" && !has_cuda)) return c10::Device(c10::kCPU);
   if (!has_cuda) throw ConfigError("'run.device' is cuda but no CUDA device is available (use cpu or auto)");
   int index = 0;
-  if (const char* local_rank = std::getenv("LOCAL_RANK")) index = std::atoi(local_rank);
+  if (local_rank >= 0) index = static_cast<int>(local_rank);
+  else if (const char* env = std::getenv("LOCAL_RANK")) index = std::atoi(env);
   return c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(index));
 }
 
@@ -58,8 +59,10 @@ std::shared_ptr<const data::ImageDataset> build_dataset(const Config& c) {
   return dataset;
 }
 
-data::LoaderOptions loader_options(const Config& c) {
+data::LoaderOptions loader_options(const Config& c, int64_t dp_rank, int64_t dp_size) {
   data::LoaderOptions lo;
+  lo.rank = dp_rank;
+  lo.world = dp_size;
   lo.global_batch = c.data.batch_size;
   lo.workers = c.data.workers;
   lo.prefetch = c.data.prefetch;

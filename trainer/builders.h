@@ -16,7 +16,8 @@ namespace flowtrain::trainer {
 
 // run.device: auto -> cuda:<LOCAL_RANK or 0> when a GPU is present, else cpu. Throws ConfigError
 // when cuda is requested and none is available.
-c10::Device select_device(const RunConfig& run);
+// `local_rank` (from the launch environment) picks the GPU; −1 reads LOCAL_RANK.
+c10::Device select_device(const RunConfig& run, int64_t local_rank = -1);
 
 models::DiTOptions dit_options(const ModelConfig& model);
 models::DiT build_model(const ModelConfig& model);
@@ -27,7 +28,8 @@ std::shared_ptr<const data::ImageDataset> build_dataset(const Config& config);
 
 // The loader and timestep sampler of a run. The trainer and the parity dump of `flowtrain bench`
 // both build them here, so the dump reproduces the trainer's first step by construction.
-data::LoaderOptions loader_options(const Config& config);
+// dp_rank / dp_size: this rank's slice of each global batch (data-parallel ranks only).
+data::LoaderOptions loader_options(const Config& config, int64_t dp_rank = 0, int64_t dp_size = 1);
 models::TimestepSampler timestep_sampler(const FlowConfig& flow);
 
 // Sets the intra-op thread count (train.threads; 0 = all cores) and returns it.

@@ -90,49 +90,103 @@ void verify_files(const std::string& dir, const json& manifest) {
 
 std::string checkpoint_name(int64_t step) { return fmt::format("step-{:07d}", step); }
 
-std::string save_checkpoint(const std::string& checkpoints_dir, const CheckpointContents& c) {
+std::string shard_file(const std::string& kind, int64_t index, int64_t count) {
+  return fmt::format("{}.shard-{:05d}-of-{:05d}.safetensors", kind, index, count);
+}
+
+namespace {
+
+json file_record(const fs::path& path, int64_t rank) {
+  FileDigest d = digest_file(path.string());
+  return {{"bytes", d.bytes}, {"crc32", d.crc32}, {"rank", rank}};
+}
+
+// Writes `tensors` (if any) into dir/file and returns its manifest record in `files`.
+void write_tensor_file(const fs::path& dir, const std::string& file, const NamedTensors& tensors,
+                       const std::string& checkpoint, int64_t rank, json& files) {
+  if (tensors.empty()) return;
+  const fs::path path = dir / file;
+  data::write_safetensors(path.string(), tensors, {{"format", "pt"}, {"flowtrain_checkpoint", checkpoint}});
+  files[file] = file_record(path, rank);
+}
+
+}  // namespace
+
+std::string save_checkpoint(const std::string& checkpoints_dir, const CheckpointContents& c, const SaveGroup& group) {
   const std::string name = checkpoint_name(c.progress.step);
   const fs::path final_dir = fs::path(checkpoints_dir) / name;
   const fs::path tmp_dir = fs::path(checkpoints_dir) / (name + ".tmp");
-  fs::create_directories(checkpoints_dir);
-  fs::remove_all(tmp_dir);
-  fs::create_directories(tmp_dir);
+  const bool lead = group.rank == 0;
+  auto barrier = [&] {
+    if (group.barrier) group.barrier();
+  };
+  if (lead) {
+    fs::create_directories(checkpoints_dir);
+    fs::remove_all(tmp_dir);
+    fs::create_directories(tmp_dir);
+  }
+  barrier();  // the directory exists before anyone writes into it
 
   json files = json::object();
-  auto write_tensors = [&](const std::string& file, const NamedTensors& tensors) {
-    if (tensors.empty()) return;
-    const std::string path = (tmp_dir / file).string();
-    data::write_safetensors(path, tensors, {{"format", "pt"}, {"flowtrain_checkpoint", name}});
-    FileDigest d = digest_file(path);
-    files[file] = {{"bytes", d.bytes}, {"crc32", d.crc32}, {"rank", 0}};
-  };
-  write_tensors("model.safetensors", c.model);
-  maybe_pause_for_fault_injection(c.progress.step);
-  write_tensors("ema.safetensors", c.ema);
-  write_tensors("optimizer.safetensors", c.optimizer);
-  write_tensors("rng.safetensors", c.rng);
+  if (c.sharded) {
+    const ShardedContents& sh = *c.sharded;
+    const int64_t n = sh.layout.num_shards;
+    if (sh.writer) {
+      json mine = json::object();
+      write_tensor_file(tmp_dir, shard_file("model", sh.shard_index, n), c.model, name, group.rank, mine);
+      maybe_pause_for_fault_injection(c.progress.step);
+      write_tensor_file(tmp_dir, shard_file("ema", sh.shard_index, n), c.ema, name, group.rank, mine);
+      write_tensor_file(tmp_dir, shard_file("optimizer", sh.shard_index, n), c.optimizer, name, group.rank, mine);
+      // The digests travel to rank 0 through the (shared) checkpoint directory itself.
+      write_file_atomic((tmp_dir / fmt::format("files.shard-{:05d}.json", sh.shard_index)).string(), mine.dump());
+    }
+    if (lead) write_tensor_file(tmp_dir, "fixed.safetensors", sh.fixed, name, 0, files);
+  } else {
+    write_tensor_file(tmp_dir, "model.safetensors", c.model, name, 0, files);
+    maybe_pause_for_fault_injection(c.progress.step);
+    write_tensor_file(tmp_dir, "ema.safetensors", c.ema, name, 0, files);
+    write_tensor_file(tmp_dir, "optimizer.safetensors", c.optimizer, name, 0, files);
+  }
+  if (lead) write_tensor_file(tmp_dir, "rng.safetensors", c.rng, name, 0, files);
+  barrier();  // every shard is on disk
 
-  json manifest = {
-      {"format", kFormat},
-      {"version", kVersion},
-      {"flowtrain_version", FLOWTRAIN_VERSION},
-      {"step", c.progress.step},
-      {"samples_seen", c.progress.samples_seen},
-      {"lr", c.progress.lr},
-      {"optimizer", {{"type", "adamw"}, {"step_count", c.optimizer_step_count}}},
-      {"data", {{"ranks", json::array({json{{"rank", 0}, {"state", state_json(c.progress.loader)}}})}}},
-      {"rng", {{"scheme", "per-step generators seeded from (run.seed, rank, step, micro-batch)"}}},
-      {"layout", {{"world_size", 1}, {"sharding", "none"}}},
-      {"config_yaml", c.config_yaml},
-      {"files", files},
-  };
-  write_file_atomic((tmp_dir / "manifest.json").string(), manifest.dump(2));
-  fsync_directory(tmp_dir.string());
-
-  // Commit: an older directory of the same step (a rerun after resume) is replaced.
-  if (fs::exists(final_dir)) fs::remove_all(final_dir);
-  fs::rename(tmp_dir, final_dir);
-  fsync_directory(checkpoints_dir);
+  if (lead) {
+    json layout = {{"world_size", c.world_size}, {"sharding", c.sharded ? "fsdp" : "none"}};
+    if (c.sharded) {
+      for (int64_t k = 0; k < c.sharded->layout.num_shards; ++k) {
+        const fs::path record = tmp_dir / fmt::format("files.shard-{:05d}.json", k);
+        if (!fs::exists(record))
+          throw CheckpointError(fmt::format("{}: shard {} did not record its files", tmp_dir.string(), k));
+        const json recorded = json::parse(read_text_file(record.string()));  // named: items() must not outlive it
+        for (const auto& [file, info] : recorded.items()) files[file] = info;
+        fs::remove(record);
+      }
+      layout["fsdp"] = c.sharded->layout.to_json();
+    }
+    json manifest = {
+        {"format", kFormat},
+        {"version", kVersion},
+        {"flowtrain_version", FLOWTRAIN_VERSION},
+        {"step", c.progress.step},
+        {"samples_seen", c.progress.samples_seen},
+        {"lr", c.progress.lr},
+        {"optimizer", {{"type", "adamw"}, {"step_count", c.optimizer_step_count}}},
+        // The loader state is global (samples of the epoch consumed by all ranks together);
+        // each rank's slice of a batch follows from it, so one record serves every rank.
+        {"data", {{"ranks", json::array({json{{"rank", 0}, {"state", state_json(c.progress.loader)}}})}}},
+        {"rng", {{"scheme", "per-sample generators seeded from (run.seed, step, global sample index)"}}},
+        {"layout", layout},
+        {"config_yaml", c.config_yaml},
+        {"files", files},
+    };
+    write_file_atomic((tmp_dir / "manifest.json").string(), manifest.dump(2));
+    fsync_directory(tmp_dir.string());
+    // Commit: an older directory of the same step (a rerun after resume) is replaced.
+    if (fs::exists(final_dir)) fs::remove_all(final_dir);
+    fs::rename(tmp_dir, final_dir);
+    fsync_directory(checkpoints_dir);
+  }
+  barrier();  // nobody moves on (or exits) before the checkpoint is committed
   return final_dir.string();
 }
 
@@ -145,27 +199,20 @@ std::string verify_checkpoint(const std::string& dir) {
   }
 }
 
-CheckpointContents load_checkpoint(const std::string& dir) {
-  if (!fs::is_directory(dir)) throw CheckpointError(fmt::format("{}: no such checkpoint directory", dir));
-  const json manifest = read_manifest(dir);
-  verify_files(dir, manifest);
-  const std::string mpath = (fs::path(dir) / "manifest.json").string();
+namespace {
 
+NamedTensors read_tensors(const fs::path& path) {
+  try {
+    return data::read_safetensors(path.string());
+  } catch (const std::exception& e) {
+    throw CheckpointError(e.what());
+  }
+}
+
+// Everything but the tensors: progress, counters, config, layout.
+CheckpointContents read_metadata(const std::string& dir, const json& manifest) {
+  const std::string mpath = (fs::path(dir) / "manifest.json").string();
   CheckpointContents c;
-  auto read_if = [&](const std::string& file) -> NamedTensors {
-    const fs::path path = fs::path(dir) / file;
-    if (!manifest["files"].contains(file)) return {};
-    try {
-      return data::read_safetensors(path.string());
-    } catch (const std::exception& e) {
-      throw CheckpointError(e.what());
-    }
-  };
-  c.model = read_if("model.safetensors");
-  if (c.model.empty()) throw CheckpointError(fmt::format("{}: lists no model.safetensors", mpath));
-  c.ema = read_if("ema.safetensors");
-  c.optimizer = read_if("optimizer.safetensors");
-  c.rng = read_if("rng.safetensors");
   c.progress.step = required<int64_t>(manifest, "step", mpath);
   c.progress.samples_seen = required<int64_t>(manifest, "samples_seen", mpath);
   c.progress.lr = required<double>(manifest, "lr", mpath);
@@ -175,7 +222,87 @@ CheckpointContents load_checkpoint(const std::string& dir) {
   c.progress.loader.epoch = ranks[0]["state"].value("epoch", int64_t{0});
   c.progress.loader.position = ranks[0]["state"].value("position", int64_t{0});
   c.config_yaml = required<std::string>(manifest, "config_yaml", mpath);
+  c.world_size = manifest.value("layout", json::object()).value("world_size", int64_t{1});
+  if (manifest["files"].contains("rng.safetensors")) c.rng = read_tensors(fs::path(dir) / "rng.safetensors");
   return c;
+}
+
+std::optional<ShardLayout> sharding_of(const std::string& dir, const json& manifest) {
+  const json layout = manifest.value("layout", json::object());
+  if (layout.value("sharding", "none") != "fsdp") return std::nullopt;
+  return ShardLayout::from_json(layout.value("fsdp", json::object()), (fs::path(dir) / "manifest.json").string());
+}
+
+}  // namespace
+
+CheckpointContents load_checkpoint(const std::string& dir) {
+  if (!fs::is_directory(dir)) throw CheckpointError(fmt::format("{}: no such checkpoint directory", dir));
+  const json manifest = read_manifest(dir);
+  verify_files(dir, manifest);
+  const std::string mpath = (fs::path(dir) / "manifest.json").string();
+  CheckpointContents c = read_metadata(dir, manifest);
+  const json& files = manifest["files"];
+  auto read_if = [&](const std::string& file) -> NamedTensors {
+    if (!files.contains(file)) return {};
+    return read_tensors(fs::path(dir) / file);
+  };
+  if (auto layout = sharding_of(dir, manifest)) {
+    const int64_t n = layout->num_shards;
+    const NamedTensors fixed = read_if("fixed.safetensors");
+    auto consolidate = [&](const std::string& kind, const std::vector<std::string>& prefixes) -> NamedTensors {
+      if (!files.contains(shard_file(kind, 0, n))) return {};
+      std::vector<NamedTensors> shards;
+      for (int64_t k = 0; k < n; ++k) {
+        const std::string file = shard_file(kind, k, n);
+        if (!files.contains(file)) throw CheckpointError(fmt::format("{}: lists no {}", mpath, file));
+        shards.push_back(read_tensors(fs::path(dir) / file));
+      }
+      NamedTensors out;
+      for (const auto& prefix : prefixes)
+        for (auto& item : consolidate_shards(*layout, shards, fixed, prefix, dir)) out.push_back(std::move(item));
+      return out;
+    };
+    c.model = consolidate("model", {""});
+    c.ema = consolidate("ema", {""});
+    c.optimizer = consolidate("optimizer", {"exp_avg.", "exp_avg_sq."});
+  } else {
+    c.model = read_if("model.safetensors");
+    c.ema = read_if("ema.safetensors");
+    c.optimizer = read_if("optimizer.safetensors");
+  }
+  if (c.model.empty()) throw CheckpointError(fmt::format("{}: lists no model weights", mpath));
+  return c;
+}
+
+CheckpointContents load_checkpoint_shard(const std::string& dir, int64_t shard_index) {
+  if (!fs::is_directory(dir)) throw CheckpointError(fmt::format("{}: no such checkpoint directory", dir));
+  const json manifest = read_manifest(dir);
+  verify_files(dir, manifest);
+  auto layout = sharding_of(dir, manifest);
+  if (!layout) throw CheckpointError(fmt::format("{}: not a sharded checkpoint", dir));
+  CheckpointContents c = read_metadata(dir, manifest);
+  const json& files = manifest["files"];
+  const int64_t n = layout->num_shards;
+  auto read_if = [&](const std::string& file) -> NamedTensors {
+    if (!files.contains(file)) return {};
+    return read_tensors(fs::path(dir) / file);
+  };
+  c.model = read_if(shard_file("model", shard_index, n));
+  if (c.model.empty()) throw CheckpointError(fmt::format("{}: lists no {}", dir, shard_file("model", shard_index, n)));
+  c.ema = read_if(shard_file("ema", shard_index, n));
+  c.optimizer = read_if(shard_file("optimizer", shard_index, n));
+  ShardedContents sh;
+  sh.layout = *layout;
+  sh.shard_index = shard_index;
+  sh.fixed = read_if("fixed.safetensors");
+  c.sharded = std::move(sh);
+  return c;
+}
+
+int64_t checkpoint_num_shards(const std::string& dir) {
+  const json manifest = read_manifest(dir);
+  auto layout = sharding_of(dir, manifest);
+  return layout ? layout->num_shards : 1;
 }
 
 std::optional<std::string> find_latest_checkpoint(const std::string& checkpoints_dir,

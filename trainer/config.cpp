@@ -299,6 +299,26 @@ std::vector<Section> build_schema() {
                   .add("record_shapes", &ProfileConfig::record_shapes, any(), "record operator input shapes")
                   .add("memory", &ProfileConfig::memory, any(), "record allocations")
                   .section);
+
+  s.push_back(section("parallel", &Config::parallel)
+                  .add("dp_replicate", &ParallelConfig::dp_replicate, at_least(1), "HSDP replicas (usually nodes)")
+                  .add("dp_shard", &ParallelConfig::dp_shard, at_least(-1),
+                       "ranks sharing one copy of the weights; -1 = the rest of the world")
+                  .add("cp", &ParallelConfig::cp, at_least(1), "context-parallel ranks (sequence split)")
+                  .add("fsdp", &ParallelConfig::fsdp, one_of({"auto", "on"}),
+                       "auto = shard when world > 1; on = also at world 1")
+                  .add("reshard_after_forward", &ParallelConfig::reshard_after_forward, any(),
+                       "free gathered weights after forward, re-gather in backward")
+                  .add("prefetch", &ParallelConfig::prefetch, any(), "gather the next unit while one computes")
+                  .add("reduce_dtype", &ParallelConfig::reduce_dtype, one_of({"fp32", "bf16"}),
+                       "gradient reduce-scatter precision")
+                  .add("reduce_every_micro_batch", &ParallelConfig::reduce_every_micro_batch, any(),
+                       "with grad_accum > 1: reduce each micro-batch (less memory) or only the last")
+                  .add("backend", &ParallelConfig::backend, one_of({"auto", "nccl", "gloo"}),
+                       "auto = nccl on cuda, gloo on cpu")
+                  .add("timeout_s", &ParallelConfig::timeout_s, above(0),
+                       "rendezvous/collective timeout; a dead peer ends the job by then")
+                  .section);
   return s;
 }
 
@@ -590,6 +610,8 @@ void Config::validate() const {
   if (data.batch_size % train.grad_accum != 0)
     throw ConfigError("'data.batch_size' (" + std::to_string(data.batch_size) +
                       ") must be divisible by 'train.grad_accum' (" + std::to_string(train.grad_accum) + ")");
+  if (parallel.dp_shard == 0)
+    throw ConfigError("'parallel.dp_shard' must be >= 1 or -1 (the rest of the world), got 0");
   // sample.num >= 1 whenever sample.every > 0 already holds: sample.num's own range is >= 1.
   // checkpoint.resume: "auto", "never" or a path; only emptiness can be wrong here (the path
   // is checked when resuming).

@@ -120,6 +120,22 @@ struct ProfileConfig {
   bool memory = false;      // record allocations (profile_memory)
 };
 
+// Distributed training (parallel/): the device mesh dp_replicate × dp_shard × cp = world size
+// (the world comes from the launch environment: Slurm, torchrun/Kubeflow, a Kubernetes Indexed
+// Job or `flowtrain launch`), and the FSDP-style sharding knobs.
+struct ParallelConfig {
+  int64_t dp_replicate = 1;           // HSDP replicas (all-reduce across them); usually = nodes
+  int64_t dp_shard = -1;              // ranks a parameter is sharded over; −1 = the rest of the world
+  int64_t cp = 1;                     // context parallelism (sequence split); 1 = off
+  std::string fsdp = "auto";          // auto: shard when world > 1 | on: also at world 1 (traces, tests)
+  bool reshard_after_forward = true;  // free gathered weights after each unit's forward (re-gather in backward)
+  bool prefetch = true;               // gather unit i+1 while unit i computes (both directions)
+  std::string reduce_dtype = "fp32";  // fp32 | bf16: gradient reduce-scatter precision
+  bool reduce_every_micro_batch = false;  // grad_accum > 1: reduce-scatter each micro-batch (less memory)
+  std::string backend = "auto";       // auto (nccl on cuda, gloo on cpu) | nccl | gloo
+  double timeout_s = 600;             // rendezvous and collective timeout: a dead peer ends the job by then
+};
+
 struct Config {
   RunConfig run;
   ModelConfig model;
@@ -131,6 +147,7 @@ struct Config {
   CheckpointConfig checkpoint;
   EvalConfig eval;
   ProfileConfig profile;
+  ParallelConfig parallel;
 
   std::string source_path;  // the YAML file it came from ("" for defaults)
 

@@ -3,6 +3,7 @@
 #include "data/png.h"
 
 #include "trainer/builders.h"
+#include "trainer/ema.h"
 #include "trainer/evaluate.h"
 #include "trainer/file_util.h"
 #include "trainer/sample_grid.h"
@@ -14,6 +15,7 @@
 #include <spdlog/spdlog.h>
 
 #include <chrono>
+#include <exception>
 #include <filesystem>
 
 namespace fs = std::filesystem;
@@ -63,63 +65,121 @@ uint64_t step_seed(int64_t run_seed, int64_t rank, int64_t step, int64_t micro) 
   return z;
 }
 
+models::FlowMatchingDraw draw_step_inputs(const Config& c, const models::TimestepSampler& timesteps,
+                                          const at::Tensor& x0, const at::Tensor& labels, int64_t step,
+                                          int64_t first_row) {
+  const int64_t seed = c.run.seed;
+  return models::draw_flow_matching_inputs_per_row(
+      x0, labels, timesteps, c.model.class_dropout, c.model.num_classes,
+      [seed, step](int64_t row) { return step_seed(seed, /*rank=*/0, step, /*micro=*/row); }, first_row);
+}
+
 Trainer::Trainer(Config config, TrainerHooks hooks) : config_(std::move(config)), hooks_(std::move(hooks)) {
   config_yaml_ = to_yaml(config_);
-  // Everything that can fail on bad input (device, data) is checked before the run directory
-  // is created, so a rejected run leaves nothing behind.
-  device_ = select_device(config_.run);
+  // Everything that can fail on bad input (launch environment, mesh, device, data) is checked
+  // before the run directory is created, so a rejected run leaves nothing behind.
+  env_ = parallel::resolve_dist_env_from_process();
+  const bool distributed = env_.world > 1 || config_.parallel.fsdp == "on";
+  const parallel::MeshShape shape{config_.parallel.dp_replicate, config_.parallel.dp_shard, config_.parallel.cp};
+  try {
+    const parallel::Mesh mesh(shape, env_.world);
+    dp_size_ = mesh.data_parallel();
+    dp_rank_ = mesh.data_parallel_rank(env_.rank);
+  } catch (const parallel::MeshError& e) {
+    throw ConfigError(std::string(e.what()) + " (" + env_.describe() + ")");
+  }
+  if (config_.parallel.cp > 1)
+    throw ConfigError("'parallel.cp' > 1 needs context-parallel attention, which this build does not have yet");
+  if (config_.data.batch_size % (dp_size_ * config_.train.grad_accum) != 0)
+    throw ConfigError("'data.batch_size' (" + std::to_string(config_.data.batch_size) + ") must be divisible by " +
+                      std::to_string(dp_size_) + " data-parallel ranks × 'train.grad_accum' (" +
+                      std::to_string(config_.train.grad_accum) + ")");
+  device_ = select_device(config_.run, env_.local_rank);
   dataset_ = build_dataset(config_);
+  if (distributed) {
+    parallel::RuntimeOptions ro{env_, shape, config_.parallel.backend, config_.parallel.timeout_s, device_};
+    runtime_ = parallel::Runtime::create(ro);  // rendezvous: every rank arrives or all fail
+  }
   prepare_run_dir();
   const int threads = configure_threads(config_.train);
-  at::manual_seed(static_cast<uint64_t>(config_.run.seed));  // model initialisation
-  model_ = build_model(config_.model);
-  model_->to(device_);
-  const auto dit = model_->options;
+  at::manual_seed(static_cast<uint64_t>(config_.run.seed));  // model initialisation: identical on every rank
+  models::DiT model = build_model(config_.model);
+  model->to(device_);
+  const auto dit = model->options;
   spdlog::info("model: DiT depth {} hidden {} heads {} patch {} on {}×{}×{} ({} tokens): {:.2f}M parameters, "
                "{:.3f} GFLOP per training sample (3× forward)",
                dit.depth, dit.hidden, dit.heads, dit.patch, dit.in_channels, dit.input_size, dit.input_size,
-               dit.num_tokens(), models::count_parameters(*model_) / 1e6, models::dit_train_flops_per_sample(dit) / 1e9);
-  spdlog::info("device {}, {} CPU threads, precision {}, global batch {} ({} × {} micro-batches)", device_.str(),
-               threads, config_.train.precision, config_.data.batch_size,
-               config_.data.batch_size / config_.train.grad_accum, config_.train.grad_accum);
-
-  AdamWOptions adam{config_.optim.beta1, config_.optim.beta2, config_.optim.eps, config_.optim.weight_decay};
-  std::vector<std::pair<std::string, at::Tensor>> named;
-  for (const auto& item : model_->named_parameters()) named.emplace_back(item.key(), item.value());
-  optimizer_ = std::make_unique<AdamW>(named, adam);
+               dit.num_tokens(), models::count_parameters(*model) / 1e6, models::dit_train_flops_per_sample(dit) / 1e9);
+  spdlog::info("device {}, {} CPU threads, precision {}, global batch {} ({} data-parallel ranks × {} micro-batches "
+               "× {})",
+               device_.str(), threads, config_.train.precision, config_.data.batch_size, dp_size_,
+               config_.train.grad_accum, config_.data.batch_size / (dp_size_ * config_.train.grad_accum));
+  if (runtime_) {
+    state_ = make_sharded_train_state(model, config_, *runtime_);
+    spdlog::info("FSDP over {} ({} backend): {} units, {:.1f} MiB of training state on this rank", runtime_->mesh().describe(),
+                 runtime_->backend(), dit.depth + 1, state_->state_bytes() / 1048576.0);
+  } else {
+    state_ = make_local_train_state(model, config_);
+  }
   schedule_ = {config_.optim.lr, config_.optim.warmup_steps, config_.optim.schedule, config_.train.steps,
                config_.optim.min_lr_ratio};
   timesteps_ = timestep_sampler(config_.flow);
-  if (config_.train.ema_decay > 0) ema_ = std::make_unique<Ema>(model_);
 
   const std::string resume = resolve_resume();
   if (!resume.empty()) restore(resume);
   else spdlog::info("starting from scratch (seed {})", config_.run.seed);
 
-  loader_ = std::make_unique<data::Loader>(dataset_, loader_options(config_), progress_.loader);
-  metrics_ = std::make_unique<MetricsWriter>((fs::path(config_.run.out_dir) / "metrics.jsonl").string(), progress_.step);
-  if (config_.train.tensorboard)
-    tensorboard_ = std::make_unique<TensorBoardWriter>((fs::path(config_.run.out_dir) / "tb").string());
+  loader_ = std::make_unique<data::Loader>(dataset_, loader_options(config_, dp_rank_, dp_size_), progress_.loader);
+  if (lead()) {
+    metrics_ = std::make_unique<MetricsWriter>((fs::path(config_.run.out_dir) / "metrics.jsonl").string(), progress_.step);
+    if (config_.train.tensorboard)
+      tensorboard_ = std::make_unique<TensorBoardWriter>((fs::path(config_.run.out_dir) / "tb").string());
+  }
   if (config_.profile.enabled)
-    profiler_ = std::make_unique<StepProfiler>(config_.profile, config_.run.out_dir, /*rank=*/0, device_.is_cuda());
+    profiler_ = std::make_unique<StepProfiler>(config_.profile, config_.run.out_dir, static_cast<int>(env_.rank),
+                                               device_.is_cuda());
   all_finite_ = at::ones({}, at::TensorOptions().dtype(at::kBool).device(device_));
+  if (!lead()) spdlog::set_level(spdlog::level::warn);  // rank 0 narrates; the others speak up on problems
+}
+
+Trainer::~Trainer() {
+  if (std::uncaught_exceptions() > 0) {
+    // Leaving on an error (often a dead peer): tearing down process groups with collectives in
+    // flight can block, and the process is about to exit anyway. Let the OS reclaim them.
+    (void)state_.release();
+    (void)runtime_.release();
+    return;
+  }
+  state_.reset();
+  if (runtime_) runtime_->shutdown();
+}
+
+void Trainer::barrier() {
+  if (runtime_) runtime_->world_group().barrier();
 }
 
 void Trainer::prepare_run_dir() {
   const fs::path dir = config_.run.out_dir;
-  fs::create_directories(dir / "checkpoints");
-  fs::create_directories(dir / "samples");
-  setup_logging((dir / "log.txt").string());
-  write_file_atomic((dir / "config.yaml").string(), config_yaml_);
+  if (lead()) {
+    fs::create_directories(dir / "checkpoints");
+    fs::create_directories(dir / "samples");
+  }
+  barrier();
+  // Rank 0 keeps log.txt; the others log to the console only (Slurm/K8s collect it per task).
+  setup_logging(lead() ? (dir / "log.txt").string() : "", static_cast<int>(env_.rank));
+  if (lead()) write_file_atomic((dir / "config.yaml").string(), config_yaml_);
   spdlog::info("flowtrain {} — run '{}' in {}", FLOWTRAIN_VERSION, config_.run.name, dir.string());
+  if (runtime_ || env_.world > 1) spdlog::info("{}", env_.describe());
 }
 
 std::string Trainer::resolve_resume() const {
   const std::string& resume = config_.checkpoint.resume;
   const std::string checkpoints = (fs::path(config_.run.out_dir) / "checkpoints").string();
-  prune_checkpoints(checkpoints, /*keep=*/0);  // only removes leftovers of interrupted saves
+  if (lead()) prune_checkpoints(checkpoints, /*keep=*/0);  // only removes leftovers of interrupted saves
+  const_cast<Trainer*>(this)->barrier();
   if (resume == "never") return "";
   if (resume == "auto") {
+    // Every rank reads the same directory and verifies the same files, so all pick the same one.
     auto latest = find_latest_checkpoint(checkpoints, [](const std::string& w) { spdlog::warn("{}", w); });
     return latest.value_or("");
   }
@@ -127,27 +187,7 @@ std::string Trainer::resolve_resume() const {
 }
 
 void Trainer::restore(const std::string& dir) {
-  CheckpointContents c = load_checkpoint(dir);
-  load_state_dict(*model_, c.model, dir + "/model.safetensors");
-  if (ema_) {
-    if (c.ema.empty()) spdlog::warn("{} has no EMA weights; EMA restarts from the current weights", dir);
-    load_state_dict(*ema_->model(), c.ema.empty() ? c.model : c.ema, dir + "/ema.safetensors");
-  }
-  std::map<std::string, at::Tensor> opt;
-  for (auto& [k, v] : c.optimizer) opt[k] = v;
-  at::NoGradGuard no_grad;
-  for (auto& slot : optimizer_->slots()) {
-    for (auto [prefix, target] : {std::pair<const char*, at::Tensor*>{"exp_avg.", &slot.exp_avg},
-                                  {"exp_avg_sq.", &slot.exp_avg_sq}}) {
-      auto it = opt.find(prefix + slot.name);
-      if (it == opt.end())
-        throw CheckpointError(fmt::format("{}/optimizer.safetensors: missing '{}{}'", dir, prefix, slot.name));
-      if (it->second.sizes() != target->sizes())
-        throw CheckpointError(fmt::format("{}/optimizer.safetensors: '{}{}' has the wrong shape", dir, prefix, slot.name));
-      target->copy_(it->second);
-    }
-  }
-  optimizer_->set_step_count(c.optimizer_step_count);
+  CheckpointContents c = state_->restore(dir);
   for (auto& [name, state] : c.rng) {
     if (name == "cpu") {
       at::Generator gen = at::detail::getDefaultCPUGenerator();  // a handle sharing the global state
@@ -168,39 +208,47 @@ Trainer::StepResult Trainer::train_step() {
     ProfileRange range("data_wait");
     return loader_->next();
   }();
-  StepResult r{at::zeros({}, at::TensorOptions().dtype(at::kFloat).device(device_)), {}, seconds_since(t_data)};
+  StepResult r{at::zeros({}, at::TensorOptions().dtype(at::kFloat).device(device_)), {}, {}, seconds_since(t_data)};
   at::Tensor images = batch.images.to(device_), labels = batch.labels.to(device_);
   const int64_t micro = images.size(0) / accum;
+  const int64_t first_row = dp_rank_ * images.size(0);  // this rank's rows of the global batch
 
+  models::DiT& model = state_->model();
   models::VelocityFn velocity = [&](const at::Tensor& x, const at::Tensor& t, const at::Tensor& y) {
-    return model_->forward(x, t, y);
+    return model->forward(x, t, y);
   };
   for (int64_t m = 0; m < accum; ++m) {
-    at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(step_seed(config_.run.seed, 0, progress_.step, m));
+    at::Tensor x0 = images.narrow(0, m * micro, micro), y = labels.narrow(0, m * micro, micro);
+    state_->begin_micro_batch(/*last_of_step=*/m == accum - 1);
     at::Tensor loss;
     {
       ProfileRange range("forward");
       AutocastScope autocast(config_.train.precision == "bf16", device_.type());
-      loss = models::flow_matching_loss(velocity, images.narrow(0, m * micro, micro), labels.narrow(0, m * micro, micro),
-                                        timesteps_, config_.model.class_dropout, config_.model.num_classes, gen)
-                 .loss;
+      models::FlowMatchingDraw draw = draw_step_inputs(config_, timesteps_, x0, y, progress_.step, first_row + m * micro);
+      loss = models::flow_matching_loss(velocity, x0, draw).loss;
     }
     {
       ProfileRange range("backward");
       (loss / accum).backward();
     }
+    {
+      ProfileRange range("communication");
+      state_->end_micro_batch();
+    }
     r.loss += loss.detach() / accum;
   }
   ProfileRange range("optimizer");
-  r.grad_norm = clip_grad_norm(model_->parameters(), config_.optim.grad_clip);
+  StepReduction red = state_->reduce_and_clip(r.loss, config_.optim.grad_clip, stop_signal() != 0);
+  r.loss = red.loss;
+  r.grad_norm = red.grad_norm;
+  r.stop = red.stop;
   all_finite_.logical_and_(at::isfinite(r.loss).logical_and(at::isfinite(r.grad_norm)));
 
   progress_.lr = schedule_.lr_at(progress_.step);
-  optimizer_->step(progress_.lr);
-  optimizer_->zero_grad();
-  if (ema_) ema_->update(model_, Ema::decay_at(config_.train.ema_decay, config_.train.ema_warmup, progress_.step));
+  state_->optimizer_step(progress_.lr);
+  state_->ema_update(Ema::decay_at(config_.train.ema_decay, config_.train.ema_warmup, progress_.step));
   progress_.step += 1;
-  progress_.samples_seen += images.size(0);
+  progress_.samples_seen += config_.data.batch_size;
   progress_.loader = batch.state_after;
   return r;
 }
@@ -217,19 +265,15 @@ void Trainer::write_checkpoint() {
   ProfileRange range("checkpoint");
   const auto t0 = Clock::now();
   CheckpointContents c;
-  c.model = state_dict(*model_);
-  if (ema_) c.ema = state_dict(*ema_->model());
-  for (const auto& slot : optimizer_->slots()) {
-    c.optimizer.emplace_back("exp_avg." + slot.name, slot.exp_avg);
-    c.optimizer.emplace_back("exp_avg_sq." + slot.name, slot.exp_avg_sq);
-  }
+  state_->fill_checkpoint(c);
   c.rng.emplace_back("cpu", at::detail::getDefaultCPUGenerator().get_state());
   c.progress = progress_;
-  c.optimizer_step_count = optimizer_->step_count();
   c.config_yaml = config_yaml_;
+  c.world_size = env_.world;
   const std::string checkpoints = (fs::path(config_.run.out_dir) / "checkpoints").string();
-  const std::string path = save_checkpoint(checkpoints, c);
-  prune_checkpoints(checkpoints, config_.checkpoint.keep);
+  SaveGroup group{env_.rank, runtime_ ? std::function<void()>([this] { barrier(); }) : std::function<void()>()};
+  const std::string path = save_checkpoint(checkpoints, c, group);
+  if (lead()) prune_checkpoints(checkpoints, config_.checkpoint.keep);
   last_checkpoint_step_ = progress_.step;
   spdlog::info("checkpoint {} written in {:.2f} s", path, seconds_since(t0));
 }
@@ -238,33 +282,39 @@ void Trainer::write_samples() {
   check_finite("before sampling");
   ProfileRange range("sample");
   const auto t0 = Clock::now();
-  models::DiT& model = ema_ ? ema_->model() : model_;
-  at::Tensor samples = generate_samples(model, config_.sample, config_.flow, dataset_->num_classes, device_);
-  const std::string path =
-      (fs::path(config_.run.out_dir) / "samples" / fmt::format("step-{:07d}.png", progress_.step)).string();
-  at::Tensor grid = sample_grid_image(samples, dataset_->num_classes);
-  data::write_png(path, grid);
-  if (tensorboard_) tensorboard_->add_image("samples", grid, progress_.step);
-  spdlog::info("samples {} ({} images, {} {} steps, cfg {}) in {:.1f} s", path, config_.sample.num,
-               config_.sample.sampler, config_.sample.steps, config_.sample.cfg_scale, seconds_since(t0));
+  models::DiT& model = state_->sampling_model();  // under FSDP: gathered on every rank
+  if (lead()) {
+    at::Tensor samples = generate_samples(model, config_.sample, config_.flow, dataset_->num_classes, device_);
+    const std::string path =
+        (fs::path(config_.run.out_dir) / "samples" / fmt::format("step-{:07d}.png", progress_.step)).string();
+    at::Tensor grid = sample_grid_image(samples, dataset_->num_classes);
+    data::write_png(path, grid);
+    if (tensorboard_) tensorboard_->add_image("samples", grid, progress_.step);
+    spdlog::info("samples {} ({} images, {} {} steps, cfg {}) in {:.1f} s", path, config_.sample.num,
+                 config_.sample.sampler, config_.sample.steps, config_.sample.cfg_scale, seconds_since(t0));
+  }
+  barrier();
 }
 
 void Trainer::evaluate() {
   check_finite("before evaluation");
   ProfileRange range("eval");
   const auto t0 = Clock::now();
-  models::DiT& model = ema_ ? ema_->model() : model_;
-  QualityReport q = evaluate_model(model, config_, device_);
-  const std::map<std::string, double> values = {{"eval_fd", q.fd},
-                                                {"eval_fd_floor", q.fd_floor},
-                                                {"eval_class_accuracy", q.class_accuracy},
-                                                {"eval_inception_score", q.inception_score}};
-  metrics_->write(progress_.step, values);
-  if (tensorboard_) tensorboard_->add_scalars(values, progress_.step);
-  spdlog::info("eval at step {} ({} samples, {} weights): FD {:.3f} (real-vs-real floor {:.3f}) | class accuracy "
-               "{:.1f}% | IS {:.2f} | {:.1f} s",
-               progress_.step, q.num, ema_ ? "EMA" : "raw", q.fd, q.fd_floor, 100 * q.class_accuracy,
-               q.inception_score, seconds_since(t0));
+  models::DiT& model = state_->sampling_model();
+  if (lead()) {
+    QualityReport q = evaluate_model(model, config_, device_);
+    const std::map<std::string, double> values = {{"eval_fd", q.fd},
+                                                  {"eval_fd_floor", q.fd_floor},
+                                                  {"eval_class_accuracy", q.class_accuracy},
+                                                  {"eval_inception_score", q.inception_score}};
+    metrics_->write(progress_.step, values);
+    if (tensorboard_) tensorboard_->add_scalars(values, progress_.step);
+    spdlog::info("eval at step {} ({} samples, {} weights): FD {:.3f} (real-vs-real floor {:.3f}) | class accuracy "
+                 "{:.1f}% | IS {:.2f} | {:.1f} s",
+                 progress_.step, q.num, state_->has_ema() ? "EMA" : "raw", q.fd, q.fd_floor, 100 * q.class_accuracy,
+                 q.inception_score, seconds_since(t0));
+  }
+  barrier();
 }
 
 void Trainer::log_step(const StepResult& r, double step_time, double data_wait) {
@@ -285,7 +335,7 @@ void Trainer::log_step(const StepResult& r, double step_time, double data_wait) 
                                                 {"compute_s", step_time - data_wait},
                                                 {"epoch", double(progress_.loader.epoch)},
                                                 {"samples_seen", double(progress_.samples_seen)}};
-  metrics_->write(step, values);
+  if (metrics_) metrics_->write(step, values);
   if (tensorboard_) tensorboard_->add_scalars(values, step);
   check_finite("at log step");
 }
@@ -297,7 +347,7 @@ int64_t Trainer::run() {
     return progress_.step;
   }
   install_stop_signal_handlers();
-  model_->train();
+  state_->model()->train();
   spdlog::info("training steps {} → {}", progress_.step, total);
 
   // Time of the training steps since the last log line; periodic eval / samples / checkpoints
@@ -332,8 +382,11 @@ int64_t Trainer::run() {
     if (config_.sample.every > 0 && (step % config_.sample.every == 0 || last)) write_samples();
     if ((config_.checkpoint.every > 0 && step % config_.checkpoint.every == 0) || (last && hooks_.final_checkpoint))
       write_checkpoint();
-    if (int sig = stop_signal()) {
-      spdlog::warn("received signal {}: checkpointing at step {} and stopping", sig, step);
+    // Under FSDP every rank must stop at the same step: the vote travelled with the step's
+    // all-reduce (reduce_and_clip), so all ranks read the same answer here.
+    const bool stop = runtime_ ? r.stop.item<float>() > 0 : stop_signal() != 0;
+    if (stop) {
+      spdlog::warn("received signal {}: checkpointing at step {} and stopping", runtime_ ? "(on some rank)" : std::to_string(stop_signal()), step);
       if (last_checkpoint_step_ != step) write_checkpoint();
       return step;
     }

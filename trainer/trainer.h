@@ -1,8 +1,10 @@
-// The training loop for one process (world size 1; the distributed runtime is a later layer).
+// The training loop, the same for one process and for N ranks (trainer/train_state.h holds what
+// differs: one full copy of the weights, or FSDP shards).
 //
-// One step reads top to bottom (trainer.cpp, Trainer::run):
-//   periodic sample grid / checkpoint  →  grad_accum × (batch → flow-matching loss → backward)
-//   → global-norm clip → AdamW on fp32 weights → EMA → one log line + metrics.jsonl
+// One step reads top to bottom (trainer.cpp, Trainer::train_step):
+//   grad_accum × (this rank's slice of the global batch → flow-matching loss → backward)
+//   → gradient reduction + global-norm clip → AdamW → EMA → one log line + metrics.jsonl
+//   then periodic sample grid / eval / checkpoint (rank 0 writes; collectives on all ranks).
 #pragma once
 
 #include "data/loader.h"
@@ -10,11 +12,13 @@
 #include "models/flow_matching.h"
 #include "trainer/checkpoint.h"
 #include "trainer/config.h"
-#include "trainer/ema.h"
+#include "parallel/env.h"
+#include "parallel/runtime.h"
 #include "trainer/optimizer.h"
 #include "trainer/profiler.h"
 #include "trainer/run_log.h"
 #include "trainer/tensorboard.h"
+#include "trainer/train_state.h"
 
 #include <c10/core/Device.h>
 
@@ -45,14 +49,18 @@ struct TrainerHooks {
 class Trainer {
  public:
   explicit Trainer(Config config, TrainerHooks hooks = {});
-  const models::DiT& model() const { return model_; }
+  ~Trainer();
+  const models::DiT& model() const { return state_->model(); }
+  int64_t rank() const { return env_.rank; }
+  // Persistent training-state bytes on this rank (weights, grads, AdamW, EMA): the memory report.
+  int64_t state_bytes() const { return state_->state_bytes(); }
   c10::Device device() const { return device_; }
   // Trains to train.steps (or until a stop signal, after which it checkpoints). Returns the
   // number of optimizer steps completed in total.
   int64_t run();
 
  private:
-  struct StepResult { at::Tensor loss, grad_norm; double data_wait_s; };
+  struct StepResult { at::Tensor loss, grad_norm, stop; double data_wait_s; };
 
   void prepare_run_dir();
   void restore(const std::string& checkpoint_dir);
@@ -63,20 +71,23 @@ class Trainer {
   void log_step(const StepResult& r, double step_time, double data_wait);
   void check_finite(const char* when);
   std::string resolve_resume() const;
+  void barrier();  // all ranks (no-op in one process)
+  bool lead() const { return env_.rank == 0; }
 
   Config config_;
   TrainerHooks hooks_;
   std::string config_yaml_;
   c10::Device device_{c10::kCPU};
-  models::DiT model_{nullptr};
-  std::unique_ptr<Ema> ema_;
-  std::unique_ptr<AdamW> optimizer_;
+  parallel::DistEnv env_;
+  std::unique_ptr<parallel::Runtime> runtime_;  // null in a single-process run
+  int64_t dp_rank_ = 0, dp_size_ = 1;           // this rank's slice of each global batch
+  std::unique_ptr<TrainState> state_;
   LrSchedule schedule_;
   models::TimestepSampler timesteps_;
   std::shared_ptr<const data::ImageDataset> dataset_;
   std::unique_ptr<data::Loader> loader_;
-  std::unique_ptr<MetricsWriter> metrics_;
-  std::unique_ptr<TensorBoardWriter> tensorboard_;  // null when train.tensorboard is off
+  std::unique_ptr<MetricsWriter> metrics_;          // rank 0 only
+  std::unique_ptr<TensorBoardWriter> tensorboard_;  // rank 0, when train.tensorboard is on
   std::unique_ptr<StepProfiler> profiler_;          // null when profile.enabled is off
   TrainProgress progress_;
   at::Tensor all_finite_;  // device flag: every loss / grad norm since the last check was finite
@@ -86,5 +97,12 @@ class Trainer {
 // 64-bit seed for the generator of (run seed, rank, step, micro-batch): a pure function, so a
 // resumed run draws the same timesteps, noise and label dropout as the uninterrupted one.
 uint64_t step_seed(int64_t run_seed, int64_t rank, int64_t step, int64_t micro);
+
+// The flow-matching draws (t, noise, label dropout) of rows [first_row, first_row + B) of step
+// `step`'s global batch: each row's generator is seeded from (run seed, step, global row), so a
+// resumed run and any data-parallel layout of the same global batch draw exactly the same.
+models::FlowMatchingDraw draw_step_inputs(const Config& config, const models::TimestepSampler& timesteps,
+                                          const at::Tensor& x0, const at::Tensor& labels, int64_t step,
+                                          int64_t first_row);
 
 }  // namespace flowtrain::trainer

@@ -1,0 +1,61 @@
+// Collective communication for one process group, behind a narrow interface. The c10d headers
+// (ProcessGroupGloo/NCCL, TCPStore) are confined to comm_c10d.cpp: they are slow to compile and
+// nothing else needs them.
+//
+// Every collective is asynchronous and returns a Work handle. wait() blocks the calling thread
+// on CPU (Gloo); on CUDA (NCCL) it makes the current stream wait for the communication stream
+// without blocking the host — that is what lets FSDP overlap gathers with compute. Failures
+// (a dead peer, a timeout) surface from wait() or the call itself as CommError naming the
+// group and the collective.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <functional>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace flowtrain::parallel {
+
+struct CommError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+class Work {
+ public:
+  virtual ~Work() = default;
+  virtual void wait() = 0;
+};
+using WorkHandle = std::shared_ptr<Work>;
+
+enum class ReduceOp { Sum, Avg };
+
+class Comm {
+ public:
+  virtual ~Comm() = default;
+  virtual int64_t rank() const = 0;  // rank within this group
+  virtual int64_t size() const = 0;
+  virtual const std::string& name() const = 0;  // "shard[0,1]" in error messages
+
+  // out (contiguous, size·in.numel() elements) = concatenation of every member's `in`.
+  virtual WorkHandle all_gather(const at::Tensor& out, const at::Tensor& in) = 0;
+  // out (in.numel()/size elements) = this rank's chunk of the element-wise reduction of `in`.
+  virtual WorkHandle reduce_scatter(const at::Tensor& out, const at::Tensor& in, ReduceOp op) = 0;
+  virtual WorkHandle all_reduce(const at::Tensor& tensor, ReduceOp op) = 0;
+  virtual WorkHandle broadcast(const at::Tensor& tensor, int64_t root) = 0;
+  virtual void barrier() = 0;
+};
+
+// Instrumentation for tests and traces: every collective issued through any Comm is reported
+// here (name of the group, the collective, the caller's label) at issue time and at wait time.
+struct CommEvent {
+  enum Kind { Issue, Wait } kind;
+  std::string group, op, label;
+};
+using CommObserver = std::function<void(const CommEvent&)>;
+void set_comm_observer(CommObserver observer);  // empty = off
+void notify_comm_event(const CommEvent& event);
+
+}  // namespace flowtrain::parallel

@@ -1,0 +1,266 @@
+// c10d-backed process groups (the only file that includes the c10d headers).
+#define USE_C10D_GLOO 1
+#include "parallel/runtime.h"
+
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+#include <mutex>
+
+namespace flowtrain::parallel {
+
+namespace {
+
+std::mutex observer_mutex;
+CommObserver observer;
+
+// First line of a c10d error: their messages carry long C++ stack traces.
+std::string first_line(const std::string& s) {
+  const auto nl = s.find('\n');
+  return nl == std::string::npos ? s : s.substr(0, nl);
+}
+
+class C10dWork : public Work {
+ public:
+  C10dWork(c10::intrusive_ptr<c10d::Work> work, std::string what, std::function<void()> then)
+      : work_(std::move(work)), what_(std::move(what)), then_(std::move(then)) {}
+  void wait() override {
+    if (done_) return;
+    try {
+      work_->wait();
+    } catch (const std::exception& e) {
+      throw CommError(fmt::format("{} failed: {}", what_, first_line(e.what())));
+    }
+    done_ = true;
+    if (then_) then_();
+  }
+
+ private:
+  c10::intrusive_ptr<c10d::Work> work_;
+  std::string what_;
+  std::function<void()> then_;
+  bool done_ = false;
+};
+
+class C10dComm : public Comm {
+ public:
+  C10dComm(c10::intrusive_ptr<c10d::Backend> backend, std::string name, bool native_avg)
+      : backend_(std::move(backend)), name_(std::move(name)), native_avg_(native_avg) {}
+  int64_t rank() const override { return backend_->getRank(); }
+  int64_t size() const override { return backend_->getSize(); }
+  const std::string& name() const override { return name_; }
+
+  WorkHandle all_gather(const at::Tensor& out, const at::Tensor& in) override {
+    TORCH_CHECK(out.numel() == in.numel() * size(), name_, ": all_gather size mismatch");
+    at::Tensor o = out, i = in;
+    return run("all_gather", [&] { return backend_->_allgather_base(o, i); });
+  }
+  WorkHandle reduce_scatter(const at::Tensor& out, const at::Tensor& in, ReduceOp op) override {
+    TORCH_CHECK(in.numel() == out.numel() * size(), name_, ": reduce_scatter size mismatch");
+    at::Tensor o = out, i = in;
+    c10d::ReduceScatterOptions opts;
+    opts.reduceOp = c10d_op(op);
+    return run("reduce_scatter", [&] { return backend_->_reduce_scatter_base(o, i, opts); }, divide_after(op, out));
+  }
+  WorkHandle all_reduce(const at::Tensor& tensor, ReduceOp op) override {
+    std::vector<at::Tensor> ts{tensor};
+    c10d::AllreduceOptions opts;
+    opts.reduceOp = c10d_op(op);
+    return run("all_reduce", [&] { return backend_->allreduce(ts, opts); }, divide_after(op, tensor));
+  }
+  WorkHandle broadcast(const at::Tensor& tensor, int64_t root) override {
+    std::vector<at::Tensor> ts{tensor};
+    c10d::BroadcastOptions opts;
+    opts.rootRank = root;
+    return run("broadcast", [&] { return backend_->broadcast(ts, opts); });
+  }
+  void barrier() override { run("barrier", [&] { return backend_->barrier(); })->wait(); }
+
+ private:
+  // Gloo has no AVG: sum, then divide once the data has arrived.
+  c10d::ReduceOp c10d_op(ReduceOp op) const {
+    return op == ReduceOp::Avg && native_avg_ ? c10d::ReduceOp::AVG : c10d::ReduceOp::SUM;
+  }
+  std::function<void()> divide_after(ReduceOp op, const at::Tensor& t) const {
+    if (op != ReduceOp::Avg || native_avg_ || size() == 1) return {};
+    const double n = static_cast<double>(size());
+    return [t, n]() mutable { t.div_(n); };
+  }
+  template <typename Issue>
+  WorkHandle run(const char* op, Issue&& issue, std::function<void()> then = {}) {
+    const std::string what = fmt::format("{} on group {}", op, name_);
+    notify_comm_event({CommEvent::Issue, name_, op, ""});
+    c10::intrusive_ptr<c10d::Work> work;
+    try {
+      work = issue();
+    } catch (const std::exception& e) {
+      throw CommError(fmt::format("{} failed: {}", what, first_line(e.what())));
+    }
+    auto handle = std::make_shared<C10dWork>(std::move(work), what, std::move(then));
+    struct Observed : Work {
+      std::shared_ptr<C10dWork> inner;
+      std::string group, op;
+      void wait() override {
+        inner->wait();
+        notify_comm_event({CommEvent::Wait, group, op, ""});
+      }
+    };
+    auto observed = std::make_shared<Observed>();
+    observed->inner = handle;
+    observed->group = name_;
+    observed->op = op;
+    return observed;
+  }
+
+  c10::intrusive_ptr<c10d::Backend> backend_;
+  std::string name_;
+  bool native_avg_;
+};
+
+std::string group_name(const char* kind, const std::vector<int64_t>& ranks) {
+  return fmt::format("{}[{}]", kind, fmt::join(ranks, ","));
+}
+
+bool is_loopback(const std::string& addr) {
+  return addr == "127.0.0.1" || addr == "localhost" || addr == "::1";
+}
+
+class C10dRuntime : public Runtime {
+ public:
+  explicit C10dRuntime(const RuntimeOptions& o) : env_(o.env), mesh_(o.mesh, o.env.world) {
+    const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(o.timeout_s * 1000));
+    backend_ = o.backend == "auto" ? (o.device.is_cuda() ? "nccl" : "gloo") : o.backend;
+    if (backend_ == "nccl")
+      throw CommError("parallel.backend nccl: this build's NCCL process group is not available yet; use gloo");
+    if (env_.world == 1) {
+      store_ = c10::make_intrusive<c10d::HashStore>();
+    } else {
+      c10d::TCPStoreOptions so;
+      so.port = static_cast<uint16_t>(env_.master_port);
+      so.isServer = env_.rank == 0;
+      so.numWorkers = static_cast<size_t>(env_.world);
+      so.waitWorkers = true;
+      so.timeout = timeout;
+      try {
+        store_ = c10::make_intrusive<c10d::TCPStore>(env_.master_addr, so);
+      } catch (const std::exception& e) {
+        throw CommError(fmt::format("rendezvous at {}:{} as rank {} of WORLD_SIZE {} failed within {} s: {}",
+                                    env_.master_addr, env_.master_port, env_.rank, env_.world, o.timeout_s,
+                                    first_line(e.what())));
+      }
+      check_world_agreement(timeout);
+    }
+    make_device(o);
+    world_ = make_group("world", all_ranks(), timeout);
+    shard_ = make_group("shard", mesh_.shard_group(env_.rank), timeout);
+    replicate_ = make_group("replicate", mesh_.replicate_group(env_.rank), timeout);
+    context_ = make_group("context", mesh_.context_group(env_.rank), timeout);
+  }
+
+  int64_t rank() const override { return env_.rank; }
+  int64_t world() const override { return env_.world; }
+  const Mesh& mesh() const override { return mesh_; }
+  const std::string& backend() const override { return backend_; }
+  Comm& world_group() override { return *world_; }
+  Comm& shard_group() override { return *shard_; }
+  Comm& replicate_group() override { return *replicate_; }
+  Comm& context_group() override { return *context_; }
+  void shutdown() override {
+    context_.reset();
+    replicate_.reset();
+    shard_.reset();
+    world_.reset();
+  }
+
+ private:
+  std::vector<int64_t> all_ranks() const {
+    std::vector<int64_t> r(env_.world);
+    for (int64_t i = 0; i < env_.world; ++i) r[i] = i;
+    return r;
+  }
+
+  // Every rank records the world size it was started with; a rank started with another value
+  // (one node's WORLD_SIZE wrong) or a rank number claimed twice stops the job at start.
+  void check_world_agreement(std::chrono::milliseconds timeout) {
+    const std::string mine = std::to_string(env_.world);
+    store_->set(fmt::format("flowtrain/world_size/{}", env_.rank), std::vector<uint8_t>(mine.begin(), mine.end()));
+    if (store_->add(fmt::format("flowtrain/rank_claims/{}", env_.rank), 1) != 1)
+      throw CommError(fmt::format("rank {} was claimed by two processes: check RANK / SLURM_PROCID", env_.rank));
+    std::vector<std::string> keys;
+    for (int64_t r = 0; r < env_.world; ++r) keys.push_back(fmt::format("flowtrain/world_size/{}", r));
+    try {
+      store_->wait(keys, timeout);
+    } catch (const std::exception& e) {
+      throw CommError(fmt::format("not every rank of WORLD_SIZE {} arrived within the timeout: {}", env_.world,
+                                  first_line(e.what())));
+    }
+    for (int64_t r = 0; r < env_.world; ++r) {
+      auto v = store_->get(keys[r]);
+      const std::string theirs(v.begin(), v.end());
+      if (theirs != mine)
+        throw CommError(fmt::format("WORLD_SIZE disagrees: rank {} was started with WORLD_SIZE={}, rank {} with {}",
+                                    env_.rank, mine, r, theirs));
+    }
+  }
+
+  void make_device(const RuntimeOptions& o) {
+    if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME")) {
+      device_ = c10d::ProcessGroupGloo::createDeviceForInterface(ifname);
+    } else if (env_.world == 1 || is_loopback(env_.master_addr)) {
+      device_ = c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1");
+    } else {
+      device_ = c10d::ProcessGroupGloo::createDefaultDevice();
+    }
+  }
+
+  std::unique_ptr<Comm> make_group(const char* kind, const std::vector<int64_t>& ranks,
+                                   std::chrono::milliseconds timeout) {
+    const std::string name = group_name(kind, ranks);
+    int64_t my_index = -1;
+    for (size_t i = 0; i < ranks.size(); ++i)
+      if (ranks[i] == env_.rank) my_index = static_cast<int64_t>(i);
+    TORCH_CHECK(my_index >= 0, "rank ", env_.rank, " is not in group ", name);
+    auto prefixed = c10::make_intrusive<c10d::PrefixStore>("flowtrain/group/" + name, store_);
+    auto opts = c10d::ProcessGroupGloo::Options::create(timeout);
+    opts->devices.push_back(device_);
+    c10::intrusive_ptr<c10d::Backend> pg;
+    try {
+      pg = c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, static_cast<int>(my_index),
+                                                       static_cast<int>(ranks.size()), opts);
+    } catch (const std::exception& e) {
+      throw CommError(fmt::format("creating process group {} failed: {}", name, first_line(e.what())));
+    }
+    return std::make_unique<C10dComm>(pg, name, /*native_avg=*/false);
+  }
+
+  DistEnv env_;
+  Mesh mesh_;
+  std::string backend_;
+  c10::intrusive_ptr<c10d::Store> store_;
+  std::shared_ptr<::gloo::transport::Device> device_;
+  std::unique_ptr<Comm> world_, shard_, replicate_, context_;
+};
+
+}  // namespace
+
+void set_comm_observer(CommObserver o) {
+  std::lock_guard<std::mutex> lock(observer_mutex);
+  observer = std::move(o);
+}
+
+void notify_comm_event(const CommEvent& event) {
+  std::lock_guard<std::mutex> lock(observer_mutex);
+  if (observer) observer(event);
+}
+
+std::unique_ptr<Runtime> Runtime::create(const RuntimeOptions& options) {
+  return std::make_unique<C10dRuntime>(options);
+}
+
+}  // namespace flowtrain::parallel

@@ -1,0 +1,292 @@
+#include "parallel/fsdp.h"
+
+#include <ATen/record_function.h>
+#include <c10/core/StorageImpl.h>
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/variable.h>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <stdexcept>
+
+namespace flowtrain::parallel {
+
+struct FullyShardedModule::Unit {
+  int64_t index = 0;
+  FsdpUnitLayout layout;
+  std::vector<at::Tensor> params;  // the module's own parameters, in layout order
+  at::Tensor shard;                // fp32 master slice [shard_numel], a leaf for the optimizer
+  at::Tensor full;                 // [padded_numel] in the compute dtype; storage released when resharded
+  bool gathered = false;
+  WorkHandle gather_work;
+  at::Tensor gather_input;
+  WorkHandle reduce_work;
+  at::Tensor reduce_input, reduce_output;
+  int64_t grads_ready = 0;
+};
+
+namespace {
+
+// Fires after AccumulateGrad has written a parameter's .grad.
+struct GradReadyHook : torch::autograd::PostAccumulateGradHook {
+  explicit GradReadyHook(std::function<void()> fn) : fn(std::move(fn)) {}
+  void operator()(const torch::autograd::Variable&) override { fn(); }
+  std::function<void()> fn;
+};
+
+bool in_unit(const std::string& name, const std::string& prefix) {
+  return name.size() > prefix.size() && name.compare(0, prefix.size(), prefix) == 0 && name[prefix.size()] == '.';
+}
+
+}  // namespace
+
+FullyShardedModule::FullyShardedModule(torch::nn::Module& module, const std::vector<std::string>& unit_prefixes,
+                                       Comm& shard, Comm* replicate, FsdpOptions options)
+    : module_(module), shard_(shard), replicate_(replicate), options_(options) {
+  const int64_t n = shard.size(), r = shard.rank();
+  for (size_t i = 0; i <= unit_prefixes.size(); ++i) {
+    auto u = std::make_unique<Unit>();
+    u->index = static_cast<int64_t>(i);
+    u->layout.name = i < unit_prefixes.size() ? unit_prefixes[i] : "root";
+    units_.push_back(std::move(u));
+  }
+  for (const auto& item : module.named_parameters(/*recurse=*/true)) {
+    if (!item.value().requires_grad()) continue;  // fixed tables stay replicated
+    Unit* owner = units_.back().get();
+    for (size_t i = 0; i < unit_prefixes.size(); ++i)
+      if (in_unit(item.key(), unit_prefixes[i])) owner = units_[i].get();
+    const at::Tensor& p = item.value();
+    owner->layout.params.push_back({item.key(), p.sizes().vec(), owner->layout.numel, p.numel()});
+    owner->layout.numel += p.numel();
+    owner->params.push_back(p);
+  }
+
+  at::NoGradGuard no_grad;
+  for (auto& u : units_) {
+    FsdpUnitLayout& l = u->layout;
+    if (l.params.empty()) throw std::invalid_argument("FSDP unit '" + l.name + "' has no trainable parameters");
+    l.padded_numel = (l.numel + n - 1) / n * n;
+    l.shard_numel = l.padded_numel / n;
+    const auto device = u->params.front().device();
+    at::Tensor flat = at::zeros({l.padded_numel}, at::TensorOptions().dtype(at::kFloat).device(device));
+    for (size_t k = 0; k < l.params.size(); ++k)
+      flat.narrow(0, l.params[k].offset, l.params[k].numel).copy_(u->params[k].reshape(-1));
+    u->shard = flat.narrow(0, r * l.shard_numel, l.shard_numel).clone().set_requires_grad(true);
+    u->full = at::empty({l.padded_numel}, at::TensorOptions().dtype(options_.compute_dtype).device(device));
+    for (size_t k = 0; k < l.params.size(); ++k) {
+      // The parameter keeps its identity (autograd meta, hooks, the module's handle) and now
+      // reads its data from the unit's gathered buffer.
+      u->params[k].set_data(u->full.narrow(0, l.params[k].offset, l.params[k].numel).view(l.params[k].shape));
+      Unit* unit = u.get();
+      torch::autograd::impl::set_post_acc_grad_hooks(
+          u->params[k], std::make_unique<GradReadyHook>([this, unit] { on_grad_ready(*unit); }));
+    }
+    u->gathered = true;
+    release(*u);
+    layouts_.push_back(l);
+  }
+}
+
+FullyShardedModule::~FullyShardedModule() {
+  for (auto& u : units_)
+    for (auto& p : u->params) torch::autograd::impl::set_post_acc_grad_hooks(p, nullptr);
+}
+
+void FullyShardedModule::event(const std::string& what) {
+  if (events_) events_->push_back(what);
+}
+
+void FullyShardedModule::release(Unit& u) {
+  if (!u.gathered) return;
+  c10::StorageImpl* storage = u.full.storage().unsafeGetStorageImpl();
+  storage->set_data_ptr_noswap(at::DataPtr(nullptr, u.full.device()));
+  storage->set_nbytes(0);
+  u.gathered = false;
+}
+
+void FullyShardedModule::start_gather(Unit& u) {
+  if (u.gathered || u.gather_work) return;
+  RECORD_USER_SCOPE("fsdp.all_gather");
+  event("gather_issue " + u.layout.name);
+  c10::StorageImpl* storage = u.full.storage().unsafeGetStorageImpl();
+  const size_t bytes = static_cast<size_t>(u.layout.padded_numel) * c10::elementSize(options_.compute_dtype);
+  storage->set_data_ptr_noswap(storage->allocator()->allocate(bytes));
+  storage->set_nbytes(bytes);
+  at::NoGradGuard no_grad;
+  u.gather_input = u.shard.detach().to(options_.compute_dtype);
+  u.gather_work = shard_.all_gather(u.full, u.gather_input);
+}
+
+void FullyShardedModule::wait_gather(Unit& u) {
+  start_gather(u);
+  if (!u.gather_work) return;
+  RECORD_USER_SCOPE("fsdp.wait_all_gather");
+  u.gather_work->wait();
+  u.gather_work.reset();
+  u.gather_input.reset();
+  u.gathered = true;
+}
+
+void FullyShardedModule::begin_forward() {
+  wait_gather(*units_.back());  // root: embedders now, final layer at the end
+  if (units_.size() > 1 && options_.prefetch) start_gather(*units_.front());
+}
+
+at::Tensor FullyShardedModule::run_unit(int64_t index, const std::function<at::Tensor()>& call) {
+  const int64_t blocks = static_cast<int64_t>(units_.size()) - 1;
+  TORCH_CHECK(index >= 0 && index < blocks, "FSDP: no block unit ", index);
+  Unit& u = *units_[index];
+  wait_gather(u);
+  if (options_.prefetch && index + 1 < blocks) start_gather(*units_[index + 1]);
+  event("forward_begin " + u.layout.name);
+  at::Tensor out = call();
+  event("forward_end " + u.layout.name);
+  const bool training = at::GradMode::is_enabled();
+  // The last block's backward comes first: keep it rather than free and re-gather at once.
+  if (options_.reshard_after_forward && !(training && index == blocks - 1)) release(u);
+  if (training && out.requires_grad()) out.register_hook([this, index](const at::TensorBase&) { pre_backward(index); });
+  return out;
+}
+
+void FullyShardedModule::pre_backward(int64_t index) {
+  Unit& u = *units_[index];
+  event("backward_begin " + u.layout.name);
+  wait_gather(u);
+  if (options_.prefetch && index > 0) start_gather(*units_[index - 1]);
+}
+
+void FullyShardedModule::on_grad_ready(Unit& u) {
+  if (++u.grads_ready < static_cast<int64_t>(u.params.size())) return;
+  u.grads_ready = 0;
+  // Every gradient of the unit is in: its backward is over, so the gathered weights can go,
+  // and the reduction can start while the next unit's backward computes.
+  if (sync_ || options_.reduce_every_micro_batch) start_reduce(u);
+  release(u);
+}
+
+void FullyShardedModule::start_reduce(Unit& u) {
+  bool any = false;
+  for (const auto& p : u.params) any = any || p.grad().defined();
+  if (!any || u.reduce_work) return;
+  RECORD_USER_SCOPE("fsdp.reduce_scatter");
+  event("reduce_issue " + u.layout.name);
+  at::NoGradGuard no_grad;
+  const auto opts = u.shard.options().dtype(options_.reduce_dtype);
+  u.reduce_input = at::zeros({u.layout.padded_numel}, opts);
+  for (size_t k = 0; k < u.params.size(); ++k) {
+    at::Tensor& p = u.params[k];
+    if (!p.grad().defined()) continue;
+    u.reduce_input.narrow(0, u.layout.params[k].offset, u.layout.params[k].numel).copy_(p.grad().reshape(-1));
+    p.mutable_grad() = at::Tensor();  // the unsharded gradient is no longer needed
+  }
+  u.reduce_output = at::empty({u.layout.shard_numel}, opts);
+  u.reduce_work = shard_.reduce_scatter(u.reduce_output, u.reduce_input, ReduceOp::Avg);
+}
+
+void FullyShardedModule::finish_backward() {
+  if (sync_ || options_.reduce_every_micro_batch)
+    for (auto& u : units_) start_reduce(*u);  // units whose gradients did not all arrive
+  at::NoGradGuard no_grad;
+  for (auto& u : units_) {
+    u->grads_ready = 0;
+    if (!u->reduce_work) continue;
+    {
+      RECORD_USER_SCOPE("fsdp.wait_reduce_scatter");
+      u->reduce_work->wait();
+    }
+    at::Tensor reduced = u->reduce_output.to(at::kFloat);
+    if (replicate_ && replicate_->size() > 1) {
+      RECORD_USER_SCOPE("fsdp.all_reduce_replicas");
+      replicate_->all_reduce(reduced, ReduceOp::Avg)->wait();
+    }
+    if (u->shard.grad().defined()) u->shard.mutable_grad().add_(reduced);
+    else u->shard.mutable_grad() = reduced;
+    u->reduce_work.reset();
+    u->reduce_input.reset();
+    u->reduce_output.reset();
+  }
+  event("backward_end");
+  reshard_all();
+}
+
+void FullyShardedModule::reshard_all() {
+  for (auto& u : units_) {
+    if (u->gather_work) wait_gather(*u);  // never free a buffer a collective is writing into
+    release(*u);
+  }
+}
+
+std::vector<std::pair<std::string, at::Tensor>> FullyShardedModule::named_shards() const {
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  for (const auto& u : units_) out.emplace_back(u->layout.name, u->shard);
+  return out;
+}
+
+void FullyShardedModule::swap_shards(std::vector<at::Tensor>& shards) {
+  TORCH_CHECK(shards.size() == units_.size(), "FSDP swap_shards: expected ", units_.size(), " shards");
+  reshard_all();
+  for (size_t i = 0; i < units_.size(); ++i) {
+    TORCH_CHECK(shards[i].sizes() == units_[i]->shard.sizes(), "FSDP swap_shards: shape mismatch for ",
+                units_[i]->layout.name);
+    std::swap(units_[i]->shard, shards[i]);
+  }
+}
+
+std::vector<std::pair<std::string, at::Tensor>> FullyShardedModule::full_state_dict() {
+  at::NoGradGuard no_grad;
+  std::map<std::string, at::Tensor> gathered;
+  for (auto& u : units_) {
+    at::Tensor flat = at::empty({u->layout.padded_numel}, u->shard.options().dtype(at::kFloat));
+    shard_.all_gather(flat, u->shard.detach().to(at::kFloat))->wait();
+    for (const auto& p : u->layout.params) gathered[p.name] = flat.narrow(0, p.offset, p.numel).view(p.shape).clone();
+  }
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  for (const auto& item : module_.named_parameters(/*recurse=*/true)) {
+    auto it = gathered.find(item.key());
+    out.emplace_back(item.key(), it != gathered.end() ? it->second : item.value().detach().clone());
+  }
+  return out;
+}
+
+void FullyShardedModule::load_full_state_dict(const std::vector<std::pair<std::string, at::Tensor>>& tensors) {
+  std::map<std::string, at::Tensor> by_name(tensors.begin(), tensors.end());
+  at::NoGradGuard no_grad;
+  reshard_all();
+  const int64_t r = shard_.rank();
+  for (auto& u : units_) {
+    at::Tensor flat = at::zeros({u->layout.padded_numel}, u->shard.options().dtype(at::kFloat));
+    for (const auto& p : u->layout.params) {
+      auto it = by_name.find(p.name);
+      if (it == by_name.end()) throw std::invalid_argument("missing tensor '" + p.name + "'");
+      if (it->second.sizes().vec() != p.shape)
+        throw std::invalid_argument(fmt::format("tensor '{}' has shape [{}], the model needs [{}]", p.name,
+                                                fmt::join(it->second.sizes().vec(), ", "), fmt::join(p.shape, ", ")));
+      flat.narrow(0, p.offset, p.numel).copy_(it->second.reshape(-1));
+    }
+    u->shard.copy_(flat.narrow(0, r * u->layout.shard_numel, u->layout.shard_numel));
+  }
+  for (const auto& item : module_.named_parameters(/*recurse=*/true)) {
+    if (item.value().requires_grad()) continue;
+    auto it = by_name.find(item.key());
+    if (it != by_name.end()) item.value().copy_(it->second);
+  }
+}
+
+int64_t FullyShardedModule::shard_bytes() const {
+  int64_t bytes = 0;
+  for (const auto& u : units_) {
+    bytes += u->shard.numel() * u->shard.element_size();
+    if (u->shard.grad().defined()) bytes += u->shard.grad().numel() * u->shard.grad().element_size();
+  }
+  return bytes;
+}
+
+int64_t FullyShardedModule::max_unit_bytes() const {
+  int64_t most = 0;
+  for (const auto& u : units_)
+    most = std::max<int64_t>(most, u->layout.padded_numel * static_cast<int64_t>(c10::elementSize(options_.compute_dtype)));
+  return most;
+}
+
+}  // namespace flowtrain::parallel

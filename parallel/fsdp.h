@@ -1,0 +1,127 @@
+// FSDP-style sharding (ZeRO-3 semantics) of a torch::nn::Module, in the way PyTorch's FSDP
+// works mechanically (notes/parallel.md):
+//
+//  • A unit is a set of parameters (one per transformer block, plus a root unit holding the rest:
+//    embedders and final layer). Its trainable parameters are flattened, in registration order,
+//    into one buffer padded to a multiple of the shard-group size N; rank r owns the fp32 master
+//    slice [r·S, (r+1)·S), S = padded / N. The AdamW state and the EMA exist only for that slice.
+//  • The module's parameters stay the module's own leaf tensors (so autograd, hooks and the
+//    model code are unchanged), but their data are views into the unit's unsharded buffer
+//    `full` in the compute dtype. Resharding releases that buffer's storage (the views and any
+//    tensors autograd saved from them keep pointing at the same storage object); gathering
+//    allocates it again and all-gathers the shards into it. This is FSDP1's storage-resize trick.
+//  • Forward: gather unit i (usually already in flight), issue unit i+1's gather, run unit i,
+//    release it (reshard_after_forward). A hook on unit i's output fires when its gradient
+//    arrives, i.e. right before unit i's backward: re-gather unit i, issue unit i−1's gather.
+//  • Backward: a post-accumulate-grad hook counts a unit's gradients; when the last one lands,
+//    the gradients are flattened (reduce dtype) and reduce-scattered (average over the shard
+//    group) asynchronously while the next unit's backward runs, and the unit is released.
+//    finish_backward() waits for the reductions, all-reduces them over the replicate group
+//    (HSDP) and accumulates them into the shards' .grad in fp32.
+//
+// Parameters with requires_grad = false (DiT's fixed pos_embed) are not sharded: every rank
+// keeps its own copy, as a buffer would be.
+#pragma once
+
+#include "parallel/comm.h"
+
+#include <ATen/ATen.h>
+#include <torch/nn/module.h>
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace flowtrain::parallel {
+
+struct FsdpOptions {
+  bool reshard_after_forward = true;
+  bool prefetch = true;
+  at::ScalarType compute_dtype = at::kFloat;  // dtype of the gathered weights
+  at::ScalarType reduce_dtype = at::kFloat;   // dtype of the gradient reduce-scatter
+  bool reduce_every_micro_batch = false;      // see set_gradient_sync
+};
+
+// Where each parameter lives in its unit's flat buffer (also the checkpoint's layout record).
+struct FsdpParamLayout {
+  std::string name;             // full dotted name: blocks.3.attn.qkv.weight
+  std::vector<int64_t> shape;
+  int64_t offset = 0, numel = 0;
+};
+struct FsdpUnitLayout {
+  std::string name;  // "blocks.3" | "root"
+  int64_t numel = 0, padded_numel = 0, shard_numel = 0;
+  std::vector<FsdpParamLayout> params;
+};
+
+class FullyShardedModule {
+ public:
+  // `unit_prefixes` name the block units in execution order ("blocks.0", …); every other
+  // trainable parameter joins the root unit. `replicate` may be null (no HSDP). The module's
+  // current weights must be identical on every rank (same seed); each rank keeps its slice.
+  FullyShardedModule(torch::nn::Module& module, const std::vector<std::string>& unit_prefixes, Comm& shard,
+                     Comm* replicate, FsdpOptions options);
+  ~FullyShardedModule();
+  FullyShardedModule(const FullyShardedModule&) = delete;
+  FullyShardedModule& operator=(const FullyShardedModule&) = delete;
+
+  // --- the training step -------------------------------------------------------------------
+  // Before the model's forward: gathers the root unit, starts block 0's gather.
+  void begin_forward();
+  // Runs block unit `index` (the model's BlockRunner calls this around each block).
+  at::Tensor run_unit(int64_t index, const std::function<at::Tensor()>& call);
+  // false on all but the last micro-batch of a gradient-accumulation step: gradients then
+  // accumulate unsharded and are reduced once (unless reduce_every_micro_batch).
+  void set_gradient_sync(bool sync) { sync_ = sync; }
+  // After loss.backward(): reduces what is pending, waits, fills the shards' .grad (fp32).
+  void finish_backward();
+  // Releases every gathered buffer (after sampling under no-grad, before swapping shards).
+  void reshard_all();
+
+  // --- the sharded state -------------------------------------------------------------------
+  const std::vector<FsdpUnitLayout>& layout() const { return layouts_; }
+  // One fp32 master shard per unit (leaf tensors with .grad after finish_backward), for the
+  // optimizer and the checkpoint; named by unit.
+  std::vector<std::pair<std::string, at::Tensor>> named_shards() const;
+  // Temporarily read weights from other shards (e.g. the EMA's) in forward; `shards` must match
+  // named_shards() in order and shape. Swapping twice restores.
+  void swap_shards(std::vector<at::Tensor>& shards);
+  // Every parameter gathered to full fp32 (collective: all ranks call it), in the module's
+  // registration order, plus the unsharded fixed parameters. For export and tests.
+  std::vector<std::pair<std::string, at::Tensor>> full_state_dict();
+  // The inverse: every rank takes its slice of each unit from full tensors (a checkpoint written
+  // unsharded or at another world size). Throws std::invalid_argument naming a missing or
+  // mis-shaped parameter.
+  void load_full_state_dict(const std::vector<std::pair<std::string, at::Tensor>>& tensors);
+  // Bytes this rank holds persistently: master shards + their gradients (not the transient
+  // gathered buffers). For the memory report.
+  int64_t shard_bytes() const;
+  int64_t max_unit_bytes() const;  // largest gathered unit, compute dtype
+
+  // Instrumentation for the overlap test: when set, events are appended in the order they
+  // happen ("gather_issue blocks.3", "forward_begin blocks.2", "forward_end blocks.2",
+  // "backward_begin blocks.5", "reduce_issue blocks.5", "backward_end").
+  void set_event_log(std::vector<std::string>* log) { events_ = log; }
+
+ private:
+  struct Unit;
+  void start_gather(Unit& u);
+  void wait_gather(Unit& u);
+  void release(Unit& u);
+  void pre_backward(int64_t index);
+  void on_grad_ready(Unit& u);
+  void start_reduce(Unit& u);
+  void event(const std::string& what);
+
+  torch::nn::Module& module_;
+  Comm& shard_;
+  Comm* replicate_;
+  FsdpOptions options_;
+  std::vector<std::unique_ptr<Unit>> units_;  // blocks in order, root last
+  std::vector<FsdpUnitLayout> layouts_;
+  bool sync_ = true;
+  std::vector<std::string>* events_ = nullptr;
+};
+
+}  // namespace flowtrain::parallel

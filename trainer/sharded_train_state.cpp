@@ -1,0 +1,223 @@
+// TrainState under FSDP: the DiT's blocks are units, everything else the root unit; AdamW and
+// the EMA see only this rank's fp32 shards.
+#include "parallel/fsdp.h"
+#include "trainer/builders.h"
+#include "trainer/optimizer.h"
+#include "trainer/shard_layout.h"
+#include "trainer/train_state.h"
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+namespace flowtrain::trainer {
+
+namespace {
+
+int64_t tensor_bytes(const at::Tensor& t) { return t.defined() ? t.numel() * static_cast<int64_t>(t.element_size()) : 0; }
+
+parallel::FsdpOptions fsdp_options(const Config& c) {
+  parallel::FsdpOptions o;
+  o.reshard_after_forward = c.parallel.reshard_after_forward;
+  o.prefetch = c.parallel.prefetch;
+  o.compute_dtype = c.train.precision == "bf16" ? at::kBFloat16 : at::kFloat;
+  o.reduce_dtype = c.parallel.reduce_dtype == "bf16" ? at::kBFloat16 : at::kFloat;
+  o.reduce_every_micro_batch = c.parallel.reduce_every_micro_batch;
+  return o;
+}
+
+std::vector<std::string> block_units(const models::DiT& model) {
+  std::vector<std::string> prefixes;
+  for (int64_t i = 0; i < model->options.depth; ++i) prefixes.push_back(fmt::format("blocks.{}", i));
+  return prefixes;
+}
+
+class ShardedTrainState : public TrainState {
+ public:
+  ShardedTrainState(models::DiT model, const Config& config, parallel::Runtime& runtime)
+      : model_(std::move(model)), config_(config), runtime_(runtime) {
+    parallel::Comm& shard = runtime.shard_group();
+    parallel::Comm* replicate = runtime.replicate_group().size() > 1 ? &runtime.replicate_group() : nullptr;
+    fsdp_ = std::make_unique<parallel::FullyShardedModule>(*model_, block_units(model_), shard, replicate,
+                                                           fsdp_options(config));
+    model_->block_runner = [this](int64_t index, const models::BlockCall& call, const at::Tensor& x,
+                                  const at::Tensor& c) { return fsdp_->run_unit(index, [&] { return call(x, c); }); };
+    layout_.num_shards = shard.size();
+    layout_.units = fsdp_->layout();
+    for (const auto& item : model_->named_parameters()) layout_.order.push_back(item.key());
+
+    AdamWOptions adam{config.optim.beta1, config.optim.beta2, config.optim.eps, config.optim.weight_decay};
+    optimizer_ = std::make_unique<AdamW>(fsdp_->named_shards(), adam);
+    if (config.train.ema_decay > 0)
+      for (const auto& [name, s] : fsdp_->named_shards()) ema_.push_back(s.detach().clone());
+  }
+
+  models::DiT& model() override { return model_; }
+
+  void begin_micro_batch(bool last_of_step) override {
+    fsdp_->set_gradient_sync(last_of_step);
+    fsdp_->begin_forward();
+  }
+  void end_micro_batch() override { fsdp_->finish_backward(); }
+
+  StepReduction reduce_and_clip(const at::Tensor& local_loss, double max_norm, bool stop_requested) override {
+    at::NoGradGuard no_grad;
+    // One all-reduce over the world carries three numbers: Σ‖g_shard‖² (each shard is held by
+    // dp_replicate identical replicas, hence the division), the loss mean over the
+    // data-parallel ranks, and the stop votes.
+    const auto& shape = runtime_.mesh().shape();
+    at::Tensor sumsq = at::zeros({}, local_loss.options().dtype(at::kFloat));
+    for (const auto& [name, s] : fsdp_->named_shards())
+      if (s.grad().defined()) sumsq = sumsq + s.grad().to(at::kFloat).pow(2).sum();
+    at::Tensor packed = at::stack({sumsq / double(shape.dp_replicate * shape.cp),
+                                   local_loss.to(at::kFloat) / double(runtime_.mesh().data_parallel() * shape.cp),
+                                   at::full({}, stop_requested ? 1.0 : 0.0, sumsq.options())});
+    runtime_.world_group().all_reduce(packed, parallel::ReduceOp::Sum)->wait();
+    at::Tensor norm = packed[0].sqrt();
+    if (max_norm > 0) {
+      // Same rule as clip_grad_norm: scale by min(1, max_norm / (norm + 1e-6)); leave a
+      // non-finite step to the trainer's non-finite policy.
+      at::Tensor coef = at::clamp_max(max_norm / (norm + 1e-6), 1.0);
+      coef = at::where(at::isfinite(norm), coef, at::ones_like(coef));
+      for (const auto& [name, s] : fsdp_->named_shards())
+        if (s.grad().defined()) s.grad().mul_(coef);
+    }
+    return {norm, packed[1], packed[2]};
+  }
+
+  void optimizer_step(double lr) override {
+    optimizer_->step(lr);
+    optimizer_->zero_grad();
+  }
+  void ema_update(double decay) override {
+    at::NoGradGuard no_grad;
+    auto shards = fsdp_->named_shards();
+    for (size_t i = 0; i < ema_.size(); ++i) ema_[i].lerp_(shards[i].second.detach(), 1.0 - decay);
+  }
+  bool has_ema() const override { return !ema_.empty(); }
+  int64_t optimizer_step_count() const override { return optimizer_->step_count(); }
+
+  models::DiT& sampling_model() override {
+    // Gather the sampling weights into a plain copy of the model on every rank (a collective).
+    if (!ema_.empty()) fsdp_->swap_shards(ema_);
+    auto full = fsdp_->full_state_dict();
+    if (!ema_.empty()) fsdp_->swap_shards(ema_);
+    if (!sampling_copy_) {
+      sampling_copy_ = build_model(config_.model);
+      sampling_copy_->to(model_->pos_embed.device());
+      for (auto& p : sampling_copy_->parameters()) p.set_requires_grad(false);
+    }
+    load_state_dict(*sampling_copy_, full, "gathered sampling weights");
+    return sampling_copy_;
+  }
+
+  void fill_checkpoint(CheckpointContents& c) override {
+    c.model = fsdp_->named_shards();
+    for (size_t i = 0; i < ema_.size(); ++i) c.ema.emplace_back(layout_.units[i].name, ema_[i]);
+    for (const auto& slot : optimizer_->slots()) {
+      c.optimizer.emplace_back("exp_avg." + slot.name, slot.exp_avg);
+      c.optimizer.emplace_back("exp_avg_sq." + slot.name, slot.exp_avg_sq);
+    }
+    c.optimizer_step_count = optimizer_->step_count();
+    c.world_size = runtime_.world();
+    ShardedContents sh;
+    sh.layout = layout_;
+    sh.shard_index = runtime_.shard_group().rank();
+    sh.writer = runtime_.mesh().coord(runtime_.rank()).replicate == 0 && runtime_.mesh().coord(runtime_.rank()).context == 0;
+    for (const auto& item : model_->named_parameters())
+      if (!item.value().requires_grad()) sh.fixed.emplace_back(item.key(), item.value().detach());
+    c.sharded = std::move(sh);
+  }
+
+  CheckpointContents restore(const std::string& dir) override {
+    const int64_t index = runtime_.shard_group().rank();
+    CheckpointContents c;
+    NamedTensors model, ema, optimizer;
+    if (checkpoint_num_shards(dir) == layout_.num_shards) {
+      c = load_checkpoint_shard(dir, index);  // written by this layout: read our files only
+      check_same_units(c.sharded->layout, dir);
+      model = c.model;
+      ema = c.ema;
+      optimizer = c.optimizer;
+      for (const auto& [name, t] : c.sharded->fixed) set_fixed(name, t);
+    } else {
+      // Another world size (or an unsharded run): consolidate, then cut this rank's shards.
+      c = load_checkpoint(dir);
+      spdlog::info("{} was written with {} shard(s); re-sharding it for {}", dir, checkpoint_num_shards(dir),
+                   layout_.num_shards);
+      model = cut_shard(layout_, c.model, "", index, dir);
+      if (!c.ema.empty()) ema = cut_shard(layout_, c.ema, "", index, dir);
+      for (const char* prefix : {"exp_avg.", "exp_avg_sq."})
+        for (auto& item : cut_shard(layout_, c.optimizer, prefix, index, dir)) optimizer.push_back(std::move(item));
+      for (const auto& [name, t] : c.model)
+        if (!is_sharded(name)) set_fixed(name, t);
+    }
+    at::NoGradGuard no_grad;
+    auto shards = fsdp_->named_shards();
+    for (size_t i = 0; i < shards.size(); ++i) {
+      const std::string& unit = shards[i].first;
+      shards[i].second.copy_(find(model, unit, dir));
+      if (!ema_.empty()) {
+        if (ema.empty()) ema_[i].copy_(shards[i].second);
+        else ema_[i].copy_(find(ema, unit, dir));
+      }
+    }
+    for (auto& slot : optimizer_->slots()) {
+      slot.exp_avg.copy_(find(optimizer, "exp_avg." + slot.name, dir));
+      slot.exp_avg_sq.copy_(find(optimizer, "exp_avg_sq." + slot.name, dir));
+    }
+    optimizer_->set_step_count(c.optimizer_step_count);
+    return c;
+  }
+
+  int64_t state_bytes() const override {
+    int64_t bytes = fsdp_->shard_bytes();
+    for (const auto& s : optimizer_->slots()) bytes += tensor_bytes(s.exp_avg) + tensor_bytes(s.exp_avg_sq);
+    for (const auto& e : ema_) bytes += tensor_bytes(e);
+    return bytes;
+  }
+
+ private:
+  void check_same_units(const ShardLayout& theirs, const std::string& dir) const {
+    bool same = theirs.units.size() == layout_.units.size();
+    for (size_t i = 0; same && i < theirs.units.size(); ++i)
+      same = theirs.units[i].name == layout_.units[i].name && theirs.units[i].numel == layout_.units[i].numel;
+    if (!same)
+      throw CheckpointError(fmt::format("{}: its sharding units do not match this model (different model config?)", dir));
+  }
+  bool is_sharded(const std::string& name) const {
+    for (const auto& u : layout_.units)
+      for (const auto& p : u.params)
+        if (p.name == name) return true;
+    return false;
+  }
+  void set_fixed(const std::string& name, const at::Tensor& t) {
+    at::NoGradGuard no_grad;
+    for (const auto& item : model_->named_parameters())
+      if (item.key() == name && !item.value().requires_grad()) item.value().copy_(t);
+  }
+  static const at::Tensor& find(const NamedTensors& tensors, const std::string& name, const std::string& dir) {
+    for (const auto& [n, t] : tensors)
+      if (n == name) {
+        return t;
+      }
+    throw CheckpointError(fmt::format("{}: missing '{}'", dir, name));
+  }
+
+  models::DiT model_;
+  Config config_;
+  parallel::Runtime& runtime_;
+  std::unique_ptr<parallel::FullyShardedModule> fsdp_;
+  ShardLayout layout_;
+  std::unique_ptr<AdamW> optimizer_;
+  std::vector<at::Tensor> ema_;  // one fp32 shard per unit, like the master shards
+  models::DiT sampling_copy_{nullptr};
+};
+
+}  // namespace
+
+std::unique_ptr<TrainState> make_sharded_train_state(models::DiT model, const Config& config,
+                                                     parallel::Runtime& runtime) {
+  return std::make_unique<ShardedTrainState>(std::move(model), config, runtime);
+}
+
+}  // namespace flowtrain::trainer

@@ -1,0 +1,54 @@
+// The trainable state behind the training loop — weights, gradients' path to the optimizer,
+// AdamW, EMA, checkpoint contents — in two layouts with one interface:
+//
+//   LocalTrainState    one process holds everything (world 1, the reference).
+//   ShardedTrainState  FSDP (parallel/fsdp.h): each rank holds 1/N of the fp32 master weights,
+//                      gradients, AdamW moments and EMA; gathers weights per block as it computes.
+//
+// The loop (trainer.cpp) reads the same for both: for each micro-batch begin → forward →
+// backward → end; then reduce_and_clip → optimizer_step → ema_update.
+#pragma once
+
+#include "models/dit.h"
+#include "parallel/runtime.h"
+#include "trainer/checkpoint.h"
+#include "trainer/config.h"
+
+#include <memory>
+
+namespace flowtrain::trainer {
+
+// What a step's collective bookkeeping returns: the global gradient norm (before clipping),
+// the data-parallel mean loss, and whether any rank asked to stop (a signal), agreed by all.
+struct StepReduction {
+  at::Tensor grad_norm, loss, stop;
+};
+
+class TrainState {
+ public:
+  virtual ~TrainState() = default;
+  virtual models::DiT& model() = 0;  // run the forward through this
+  virtual void begin_micro_batch(bool last_of_step) {}
+  virtual void end_micro_batch() {}
+  // Global grad norm; grads are scaled in place by min(1, max_norm/norm) when max_norm > 0.
+  virtual StepReduction reduce_and_clip(const at::Tensor& local_loss, double max_norm, bool stop_requested) = 0;
+  virtual void optimizer_step(double lr) = 0;  // AdamW, then gradients cleared
+  virtual void ema_update(double decay) = 0;
+  virtual bool has_ema() const = 0;
+  virtual int64_t optimizer_step_count() const = 0;
+  // An unsharded model with the weights to sample from (EMA when kept, else raw). Under FSDP this
+  // is a collective: every rank must call it.
+  virtual models::DiT& sampling_model() = 0;
+  virtual void fill_checkpoint(CheckpointContents& contents) = 0;
+  // Loads weights, EMA and optimizer state; returns the checkpoint (progress, rng, config).
+  virtual CheckpointContents restore(const std::string& dir) = 0;
+  // Bytes of persistent training state on this rank: parameters + gradients + AdamW moments
+  // (+ EMA), counted from the tensors themselves.
+  virtual int64_t state_bytes() const = 0;
+};
+
+std::unique_ptr<TrainState> make_local_train_state(models::DiT model, const Config& config);
+std::unique_ptr<TrainState> make_sharded_train_state(models::DiT model, const Config& config,
+                                                     parallel::Runtime& runtime);
+
+}  // namespace flowtrain::trainer
