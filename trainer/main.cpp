@@ -5,6 +5,8 @@
 #include "data/fashion_mnist.h"
 #include "trainer/bench.h"
 #include "models/dit.h"
+#include "parallel/env.h"
+#include "parallel/launch.h"
 #include "trainer/builders.h"
 #include "trainer/checkpoint.h"
 #include "trainer/classifier_cache.h"
@@ -17,9 +19,14 @@
 
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
+#include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
+#include <unistd.h>
+
+#include <climits>
 #include <cstdio>
+#include <cstdlib>
 
 using namespace flowtrain;
 
@@ -108,6 +115,41 @@ int cmd_bench(const ConfigArgs& args, const trainer::BenchOptions& options, cons
   return 0;
 }
 
+// `flowtrain launch [options] -- <subcommand> <args>…`: runs nproc_per_node ranks of this very
+// binary (/proc/self/exe, so a relative argv[0] or a changed PATH cannot pick another build).
+int cmd_launch(parallel::LaunchOptions options, const std::vector<std::string>& subcommand, bool node_rank_given) {
+  auto logger = spdlog::stderr_color_mt("launch");  // stdout belongs to the ranks
+  logger->set_pattern("[%Y-%m-%d %H:%M:%S.%e] [%^%l%$] %v");
+  logger->flush_on(spdlog::level::info);
+  spdlog::set_default_logger(logger);
+  try {
+    if (!subcommand.empty() && subcommand[0] == "launch")
+      throw parallel::LaunchError("the command after -- cannot be launch itself");
+    if (!node_rank_given && options.nnodes > 1) {
+      const auto from_env = parallel::default_node_rank([](const std::string& name) -> std::optional<std::string> {
+        const char* v = std::getenv(name.c_str());
+        return v ? std::optional<std::string>(v) : std::nullopt;
+      });
+      if (!from_env)
+        throw parallel::LaunchError(
+            "--node-rank is required with --nnodes > 1 (outside a Kubernetes Indexed Job or Slurm step)");
+      options.node_rank = *from_env;
+    }
+    char self[PATH_MAX];
+    const ssize_t n = ::readlink("/proc/self/exe", self, sizeof self - 1);
+    if (n <= 0) throw std::runtime_error("cannot resolve /proc/self/exe");
+    options.command = {std::string(self, static_cast<size_t>(n))};
+    options.command.insert(options.command.end(), subcommand.begin(), subcommand.end());
+    return parallel::launch_local(options);
+  } catch (const parallel::LaunchError& e) {
+    std::fprintf(stderr, "flowtrain: launch: %s\n", e.what());
+    return 2;
+  } catch (const parallel::DistEnvError& e) {
+    std::fprintf(stderr, "flowtrain: launch: %s\n", e.what());
+    return 2;
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -171,6 +213,27 @@ int main(int argc, char** argv) {
   bench->add_option("--parity-dump", bench_options.parity_dump,
                     "write the first step's weights, inputs and loss (safetensors) for bench/compare_pytorch.sh");
 
+  parallel::LaunchOptions launch_options;
+  std::vector<std::string> launch_command;
+  auto* launch = app.add_subcommand("launch",
+                                    "run N ranks of a flowtrain subcommand on this node (like torchrun): "
+                                    "launch --nproc-per-node N -- train -c cfg.yaml");
+  // Ranges are checked by launch_local, whose messages name the flag and the allowed values.
+  launch->add_option("--nproc-per-node", launch_options.nproc_per_node, "ranks on this node (one per GPU)")
+      ->capture_default_str();
+  launch->add_option("--nnodes", launch_options.nnodes, "nodes in the job")->capture_default_str();
+  auto* launch_node_rank = launch->add_option(
+      "--node-rank", launch_options.node_rank,
+      "this node's index (default with --nnodes > 1: JOB_COMPLETION_INDEX, else SLURM_NODEID)");
+  launch->add_option("--master-addr", launch_options.master_addr, "host of rank 0")->capture_default_str();
+  launch->add_option("--master-port", launch_options.master_port,
+                     "port of rank 0 (default: a free port; required with --nnodes > 1)");
+  launch->add_option("--grace-seconds", launch_options.grace_seconds,
+                     "after a rank fails: SIGTERM the others, SIGKILL them after this long")
+      ->capture_default_str();
+  // Everything after `--` lands here untouched (flags such as --set included).
+  launch->add_option("command", launch_command, "the flowtrain subcommand and its arguments, after --")->required();
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -200,6 +263,7 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (*train_classifier) return cmd_train_classifier(classifier_args, classifier_force);
+    if (*launch) return cmd_launch(launch_options, launch_command, launch_node_rank->count() > 0);
   } catch (const trainer::ConfigError& e) {
     std::fprintf(stderr, "flowtrain: config error: %s\n", e.what());
     return 2;
