@@ -16,6 +16,7 @@
 #include "trainer/run_log.h"
 #include "trainer/sample_grid.h"
 #include "trainer/trainer.h"
+#include "parallel/comm.h"
 
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
@@ -267,6 +268,12 @@ int main(int argc, char** argv) {
   } catch (const trainer::ConfigError& e) {
     std::fprintf(stderr, "flowtrain: config error: %s\n", e.what());
     return 2;
+  } catch (const parallel::DistEnvError& e) {
+    std::fprintf(stderr, "flowtrain: launch environment error: %s\n", e.what());
+    return 2;
+  } catch (const parallel::CommError& e) {
+    std::fprintf(stderr, "flowtrain: distributed failure (a peer died, hung or disagreed): %s\n", e.what());
+    return 1;
   } catch (const data::DataError& e) {
     std::fprintf(stderr, "flowtrain: data error: %s\n", e.what());
     return 1;

@@ -12,6 +12,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/autocast_mode.h>
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
 #include <chrono>
@@ -154,6 +155,23 @@ Trainer::~Trainer() {
   if (runtime_) runtime_->shutdown();
 }
 
+void Trainer::write_rank_report() {
+  // Per-rank facts a multi-rank run cannot show in rank 0's log: this rank's memory of training
+  // state (counted from the tensors) and where it sat in the mesh.
+  const fs::path dir = fs::path(config_.run.out_dir) / "ranks";
+  fs::create_directories(dir);
+  nlohmann::json j = {{"rank", env_.rank},
+                      {"world", env_.world},
+                      {"data_parallel_rank", dp_rank_},
+                      {"data_parallel_size", dp_size_},
+                      {"sharded", runtime_ != nullptr},
+                      {"peak_state_bytes", peak_state_bytes_},
+                      {"steps", progress_.step}};
+  write_file_atomic((dir / fmt::format("rank-{:05d}.json", env_.rank)).string(), j.dump(2));
+  spdlog::info("rank {}: peak training state {:.2f} MiB (weights, grads, AdamW, EMA)", env_.rank,
+               peak_state_bytes_ / 1048576.0);
+}
+
 void Trainer::barrier() {
   if (runtime_) runtime_->world_group().barrier();
 }
@@ -242,6 +260,7 @@ Trainer::StepResult Trainer::train_step() {
   r.loss = red.loss;
   r.grad_norm = red.grad_norm;
   r.stop = red.stop;
+  peak_state_bytes_ = std::max(peak_state_bytes_, state_->state_bytes());  // gradients are all present here
   all_finite_.logical_and_(at::isfinite(r.loss).logical_and(at::isfinite(r.grad_norm)));
 
   progress_.lr = schedule_.lr_at(progress_.step);
@@ -392,6 +411,7 @@ int64_t Trainer::run() {
     }
   }
   spdlog::info("done: {} steps, {} samples seen", progress_.step, progress_.samples_seen);
+  write_rank_report();
   return progress_.step;
 }
 

@@ -72,6 +72,7 @@ class Trainer {
   void check_finite(const char* when);
   std::string resolve_resume() const;
   void barrier();  // all ranks (no-op in one process)
+  void write_rank_report();  // <out_dir>/ranks/rank-RRRRR.json
   bool lead() const { return env_.rank == 0; }
 
   Config config_;
@@ -92,6 +93,7 @@ class Trainer {
   TrainProgress progress_;
   at::Tensor all_finite_;  // device flag: every loss / grad norm since the last check was finite
   int64_t last_checkpoint_step_ = -1;
+  int64_t peak_state_bytes_ = 0;  // weights + grads + AdamW + EMA on this rank, at its largest (grads present)
 };
 
 // 64-bit seed for the generator of (run seed, rank, step, micro-batch): a pure function, so a

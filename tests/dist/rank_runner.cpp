@@ -1,0 +1,90 @@
+#include "rank_runner.h"
+
+#include "test_util.h"
+
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <thread>
+
+namespace flowtrain::test {
+
+int free_port() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
+  socklen_t len = sizeof addr;
+  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  const int port = ntohs(addr.sin_port);
+  close(fd);
+  return port;
+}
+
+std::vector<int> start_ranks(const RankJob& job, int port) {
+  std::vector<int> pids;
+  for (int r = 0; r < job.world; ++r) {
+    std::string cmd = "exec env RANK=" + std::to_string(r) + " WORLD_SIZE=" + std::to_string(job.world) +
+                      " LOCAL_RANK=" + std::to_string(r) + " LOCAL_WORLD_SIZE=" + std::to_string(job.world) +
+                      " MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(port);
+    for (const auto& e : job.extra_env) cmd += " " + e;
+    if (r < static_cast<int>(job.rank_env.size())) cmd += " " + job.rank_env[r];
+    cmd += " " + std::string(FLOWTRAIN_BINARY) + " " + job.args + " > " + job.log_dir + "/rank-" + std::to_string(r) +
+           ".log 2>&1";
+    const pid_t pid = fork();
+    if (pid == 0) {
+      execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
+      _exit(127);
+    }
+    pids.push_back(pid);
+  }
+  return pids;
+}
+
+std::vector<RankResult> wait_ranks(const RankJob& job, const std::vector<int>& pids) {
+  std::vector<RankResult> results(pids.size());
+  std::vector<bool> done(pids.size(), false);
+  const auto deadline = std::chrono::steady_clock::now() + job.deadline;
+  size_t remaining = pids.size();
+  while (remaining > 0) {
+    for (size_t r = 0; r < pids.size(); ++r) {
+      if (done[r]) continue;
+      int status = 0;
+      if (waitpid(pids[r], &status, WNOHANG) == pids[r]) {
+        results[r].exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+        done[r] = true;
+        --remaining;
+      }
+    }
+    if (remaining == 0) break;
+    if (std::chrono::steady_clock::now() > deadline) {
+      for (size_t r = 0; r < pids.size(); ++r)
+        if (!done[r]) {
+          kill(pids[r], SIGKILL);
+          waitpid(pids[r], nullptr, 0);
+          results[r].exit_code = -1;
+          done[r] = true;
+        }
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  for (size_t r = 0; r < pids.size(); ++r) results[r].output = read_file(job.log_dir + "/rank-" + std::to_string(r) + ".log");
+  return results;
+}
+
+std::vector<RankResult> run_ranks(const RankJob& job) { return wait_ranks(job, start_ranks(job, free_port())); }
+
+std::string tiny_train_args(const std::string& out_dir, const std::vector<std::string>& sets) {
+  std::string args = "train -c " + source_path("tests/configs/tiny_fashion.yaml") + " --set run.out_dir=" + out_dir +
+                     " --set data.path=" + fashion_mnist_dir();
+  for (const auto& s : sets) args += " --set " + s;
+  return args;
+}
+
+}  // namespace flowtrain::test

@@ -1,0 +1,37 @@
+// Starts N flowtrain processes as the ranks of one job on loopback (the torchrun variables, as
+// `flowtrain launch` would set them) and collects their exit codes and output.
+#pragma once
+
+#include <chrono>
+#include <string>
+#include <vector>
+
+namespace flowtrain::test {
+
+struct RankResult {
+  int exit_code = -1;   // 128 + signal for a signal death; −1 if killed by the deadline
+  std::string output;   // stdout + stderr of the rank
+};
+
+struct RankJob {
+  int world = 2;
+  std::string args;                     // flowtrain arguments (shell text)
+  std::vector<std::string> extra_env;   // VAR=value for every rank
+  std::vector<std::string> rank_env;    // per rank: extra VAR=value text (may be empty)
+  std::chrono::seconds deadline{300};   // hang guard: every rank still alive then is SIGKILLed
+  std::string log_dir;                  // rank-R.log files go here
+};
+
+// A TCP port that was free a moment ago (bind to port 0, read it back, close).
+int free_port();
+
+// Starts the ranks, returns their pids (for fault tests), does not wait.
+std::vector<int> start_ranks(const RankJob& job, int port);
+// Waits for all (up to the job's deadline) and reads their logs.
+std::vector<RankResult> wait_ranks(const RankJob& job, const std::vector<int>& pids);
+std::vector<RankResult> run_ranks(const RankJob& job);
+
+// The tiny test config's `train` arguments into out_dir, with --set flags.
+std::string tiny_train_args(const std::string& out_dir, const std::vector<std::string>& sets);
+
+}  // namespace flowtrain::test

@@ -1,0 +1,85 @@
+// Faults in a multi-process job: a rank that dies, a rank that never comes, a wrong WORLD_SIZE.
+// Every surviving rank must exit non-zero with a clear message, within the configured timeout —
+// never hang (each test's RankJob deadline is the hang guard: a rank still alive then fails it).
+#include "rank_runner.h"
+#include "test_util.h"
+
+#include <signal.h>
+#include <sys/wait.h>
+
+#include <chrono>
+#include <filesystem>
+#include <thread>
+
+namespace fs = std::filesystem;
+using namespace flowtrain::test;
+
+namespace {
+#define REQUIRE_DATA() \
+  if (!have_fashion_mnist()) GTEST_SKIP() << "Fashion-MNIST not installed (scripts/setup.sh installs it)"
+
+bool contains(const std::string& text, const std::string& what) { return text.find(what) != std::string::npos; }
+}  // namespace
+
+TEST(DistFaults, KilledRankEndsEveryOtherRankWithinTheTimeout) {
+  REQUIRE_DATA();
+  const std::string base = scratch_dir("killed");
+  RankJob job;
+  job.world = 3;
+  job.args = tiny_train_args(base + "/run", {"train.steps=100000", "data.batch_size=30", "train.log_every=1", "train.threads=1",
+                                             "data.workers=1", "checkpoint.every=0", "parallel.timeout_s=20"});
+  job.log_dir = base;
+  job.deadline = std::chrono::seconds(90);  // timeout 20 s + start-up; a hang fails the test here
+  const auto pids = start_ranks(job, free_port());
+  // Wait until training is under way (rank 0 logs step lines), then SIGKILL rank 1.
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (!contains(read_file(base + "/rank-0.log"), "step  5/") && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  ASSERT_TRUE(contains(read_file(base + "/rank-0.log"), "step  5/")) << read_file(base + "/rank-0.log");
+  const auto killed_at = std::chrono::steady_clock::now();
+  ASSERT_EQ(kill(pids[1], SIGKILL), 0);
+  auto results = wait_ranks(job, pids);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - killed_at).count();
+  std::printf("[faults] ranks 0 and 2 exited %d and %d, %.1f s after rank 1 was killed\n", results[0].exit_code,
+              results[2].exit_code, seconds);
+  EXPECT_EQ(results[1].exit_code, 128 + SIGKILL);
+  for (int r : {0, 2}) {
+    EXPECT_NE(results[r].exit_code, 0) << results[r].output;
+    EXPECT_NE(results[r].exit_code, -1) << "rank " << r << " hung:\n" << results[r].output;
+    EXPECT_TRUE(contains(results[r].output, "distributed failure")) << results[r].output;
+  }
+  EXPECT_LT(seconds, 20 + 15) << "the survivors must give up within parallel.timeout_s (+ shutdown)";
+}
+
+TEST(DistFaults, WrongWorldSizeIsRejectedAtStart) {
+  REQUIRE_DATA();
+  const std::string base = scratch_dir("wrong_world");
+  RankJob job;
+  job.world = 2;
+  job.args = tiny_train_args(base + "/run", {"train.steps=5", "parallel.timeout_s=10"});
+  job.log_dir = base;
+  job.rank_env = {"", "WORLD_SIZE=3"};  // rank 1 was started with another WORLD_SIZE
+  job.deadline = std::chrono::seconds(60);
+  auto results = run_ranks(job);
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_NE(results[r].exit_code, 0) << results[r].output;
+    EXPECT_NE(results[r].exit_code, -1) << "rank " << r << " hung";
+  }
+  EXPECT_TRUE(contains(results[0].output, "WORLD_SIZE")) << results[0].output;
+  EXPECT_FALSE(fs::exists(base + "/run/checkpoints")) << "a rejected job must not create its run directory";
+}
+
+TEST(DistFaults, MissingRankTimesOutWithAClearError) {
+  REQUIRE_DATA();
+  const std::string base = scratch_dir("missing");
+  RankJob job;
+  job.world = 1;  // start only rank 0 of a world of 2
+  job.args = tiny_train_args(base + "/run", {"train.steps=5", "parallel.timeout_s=5"});
+  job.extra_env = {"WORLD_SIZE=2"};
+  job.log_dir = base;
+  job.deadline = std::chrono::seconds(60);
+  auto results = run_ranks(job);
+  EXPECT_NE(results[0].exit_code, 0) << results[0].output;
+  EXPECT_NE(results[0].exit_code, -1) << "rank 0 hung";
+  EXPECT_TRUE(contains(results[0].output, "rendezvous")) << results[0].output;
+}
