@@ -1,5 +1,6 @@
 // c10d-backed process groups (the only file that includes the c10d headers).
 #define USE_C10D_GLOO 1
+#include "parallel/c10d_backends.h"
 #include "parallel/runtime.h"
 
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
@@ -136,8 +137,7 @@ class C10dRuntime : public Runtime {
   explicit C10dRuntime(const RuntimeOptions& o) : env_(o.env), mesh_(o.mesh, o.env.world) {
     const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(o.timeout_s * 1000));
     backend_ = o.backend == "auto" ? (o.device.is_cuda() ? "nccl" : "gloo") : o.backend;
-    if (backend_ == "nccl")
-      throw CommError("parallel.backend nccl: this build's NCCL process group is not available yet; use gloo");
+    device_index_ = o.device;
     if (env_.world == 1) {
       store_ = c10::make_intrusive<c10d::HashStore>();
     } else {
@@ -156,7 +156,7 @@ class C10dRuntime : public Runtime {
       }
       check_world_agreement(timeout);
     }
-    make_device(o);
+    if (backend_ == "gloo") make_device(o);
     world_ = make_group("world", all_ranks(), timeout);
     shard_ = make_group("shard", mesh_.shard_group(env_.rank), timeout);
     replicate_ = make_group("replicate", mesh_.replicate_group(env_.rank), timeout);
@@ -172,6 +172,8 @@ class C10dRuntime : public Runtime {
   Comm& replicate_group() override { return *replicate_; }
   Comm& context_group() override { return *context_; }
   void shutdown() override {
+    for (auto& b : nccl_backends_) detail::shutdown_nccl_backend(b);
+    nccl_backends_.clear();
     context_.reset();
     replicate_.reset();
     shard_.reset();
@@ -227,6 +229,19 @@ class C10dRuntime : public Runtime {
       if (ranks[i] == env_.rank) my_index = static_cast<int64_t>(i);
     TORCH_CHECK(my_index >= 0, "rank ", env_.rank, " is not in group ", name);
     auto prefixed = c10::make_intrusive<c10d::PrefixStore>("flowtrain/group/" + name, store_);
+    if (backend_ == "nccl") {
+      c10::intrusive_ptr<c10d::Backend> pg;
+      try {
+        pg = detail::make_nccl_backend(prefixed, static_cast<int>(my_index), static_cast<int>(ranks.size()), timeout,
+                                       device_index_);
+      } catch (const CommError&) {
+        throw;
+      } catch (const std::exception& e) {
+        throw CommError(fmt::format("creating NCCL process group {} failed: {}", name, first_line(e.what())));
+      }
+      nccl_backends_.push_back(pg);
+      return std::make_unique<C10dComm>(pg, name, /*native_avg=*/true);
+    }
     auto opts = c10d::ProcessGroupGloo::Options::create(timeout);
     opts->devices.push_back(device_);
     c10::intrusive_ptr<c10d::Backend> pg;
@@ -244,6 +259,8 @@ class C10dRuntime : public Runtime {
   std::string backend_;
   c10::intrusive_ptr<c10d::Store> store_;
   std::shared_ptr<::gloo::transport::Device> device_;
+  c10::Device device_index_{c10::kCPU};
+  std::vector<c10::intrusive_ptr<c10d::Backend>> nccl_backends_;
   std::unique_ptr<Comm> world_, shard_, replicate_, context_;
 };
 
