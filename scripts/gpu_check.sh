@@ -3,7 +3,8 @@
 #   here:   ../shared/tools/device-debs.sh .debs dataset-fashion-mnist
 #   there:  bash scripts/gpu_check.sh          (with .debs carried along; results under $OUT)
 # Builds against that machine's own torch, runs the `gpu` and `unit` tests, times training of
-# the default config (bf16) and of DiT-B/2 and DiT-XL/2 on synthetic 32×32×4 latents, and
+# the default config (bf16) and of DiT-B/2 and DiT-XL/2 on synthetic 32×32×4 latents, FSDP on
+# NCCL at world 1 with a 3-step Kineto trace, and
 # prints a short table last. Everything it writes goes to $OUT (default /tmp/gpu_check_out).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -60,9 +61,28 @@ bench dit_b2_bf16 configs/fashion_dit.yaml 60 model.size=B model.hidden=0 model.
 bench dit_xl2_bf16 configs/fashion_dit.yaml 40 model.size=XL model.hidden=0 model.depth=0 model.heads=0 \
   model.patch=2 model.image_size=32 model.in_channels=4 model.num_classes=1000 data.source=synthetic \
   data.batch_size=256 train.precision=bf16 train.ema_decay=0.9999
+# FSDP on NCCL at world 1 (parallel.fsdp=on): trains the default config, and a Kineto trace of
+# 3 steps shows the all-gathers / reduce-scatters on NCCL's stream next to compute.
+bench fashion_fsdp_nccl_w1 configs/fashion_dit.yaml 300 train.precision=bf16 parallel.fsdp=on parallel.backend=nccl \
+  profile.enabled=true profile.start_step=20 profile.num_steps=3
+cp /tmp/gpu_bench/fashion_fsdp_nccl_w1/profiles/*.json "$OUT/" 2>/dev/null
+python3 - /tmp/gpu_bench/fashion_fsdp_nccl_w1/profiles <<'PY' > "$OUT/fsdp_trace_summary.txt" 2>&1
+import glob, json, sys, collections
+for path in glob.glob(sys.argv[1] + "/*.json"):
+    events = json.load(open(path)).get("traceEvents", [])
+    streams = collections.defaultdict(set)
+    for e in events:
+        n = e.get("name", "")
+        if "nccl" in n.lower() or n.startswith("fsdp."):
+            streams[n[:60]].add((e.get("pid"), e.get("tid")))
+    print(path)
+    for n, s in sorted(streams.items()):
+        print(f"  {n}: {len(s)} stream(s)/thread(s) {sorted(s)[:4]}")
+PY
 
 echo
 echo "== flowtrain GPU check ($(cat "$OUT/gpu.txt")) =="
 echo "build: ${build_s}s | tests rc ${tests_rc}: ${tests_line}"
+echo "FSDP trace (NCCL, world 1): $(grep -c stream "$OUT/fsdp_trace_summary.txt" 2>/dev/null) collective/range names; see fsdp_trace_summary.txt"
 printf "%-22s %4s %12s %12s %8s\n" run rc samples/s s/step loss
 while IFS=$'\t' read -r n rc sps st loss; do printf "%-22s %4s %12s %12s %8s\n" "$n" "$rc" "$sps" "$st" "$loss"; done < "$OUT/bench.tsv"
