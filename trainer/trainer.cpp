@@ -16,6 +16,7 @@
 #include <spdlog/spdlog.h>
 
 #include <chrono>
+#include <thread>
 #include <exception>
 #include <filesystem>
 
@@ -102,7 +103,12 @@ Trainer::Trainer(Config config, TrainerHooks hooks) : config_(std::move(config))
     runtime_ = parallel::Runtime::create(ro);  // rendezvous: every rank arrives or all fail
   }
   prepare_run_dir();
-  const int threads = configure_threads(config_.train);
+  TrainConfig threading = config_.train;
+  if (threading.threads == 0 && env_.local_world > 1 && device_.is_cpu()) {
+    // Ranks sharing a machine share its cores: all-cores-each would oversubscribe them.
+    threading.threads = std::max<int64_t>(1, std::thread::hardware_concurrency() / env_.local_world);
+  }
+  const int threads = configure_threads(threading);
   at::manual_seed(static_cast<uint64_t>(config_.run.seed));  // model initialisation: identical on every rank
   models::DiT model = build_model(config_.model);
   model->to(device_);
