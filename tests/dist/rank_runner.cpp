@@ -78,6 +78,14 @@ std::vector<RankResult> wait_ranks(const RankJob& job, const std::vector<int>& p
   return results;
 }
 
+KillOnExit::~KillOnExit() {
+  for (int pid : pids) {
+    if (waitpid(pid, nullptr, WNOHANG) != 0) continue;  // already reaped (or not our child)
+    kill(pid, SIGKILL);
+    waitpid(pid, nullptr, 0);
+  }
+}
+
 std::vector<RankResult> run_ranks(const RankJob& job) { return wait_ranks(job, start_ranks(job, free_port())); }
 
 std::string tiny_train_args(const std::string& out_dir, const std::vector<std::string>& sets) {

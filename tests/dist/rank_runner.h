@@ -31,6 +31,13 @@ std::vector<int> start_ranks(const RankJob& job, int port);
 std::vector<RankResult> wait_ranks(const RankJob& job, const std::vector<int>& pids);
 std::vector<RankResult> run_ranks(const RankJob& job);
 
+// Kills (SIGKILL) and reaps every listed process still running when it goes out of scope, so a
+// failed ASSERT in the middle of a multi-process test never leaves ranks running.
+struct KillOnExit {
+  std::vector<int> pids;
+  ~KillOnExit();
+};
+
 // The tiny test config's `train` arguments into out_dir, with --set flags.
 std::string tiny_train_args(const std::string& out_dir, const std::vector<std::string>& sets);
 

@@ -36,6 +36,7 @@ TEST(DistFaults, KilledRankEndsEveryOtherRankWithinTheTimeout) {
   job.log_dir = base;
   job.deadline = std::chrono::seconds(90);  // timeout 20 s + start-up; a hang fails the test here
   const auto pids = start_ranks(job, free_port());
+  KillOnExit cleanup{pids};
   // Wait until training is under way (rank 0 logs step lines), then SIGKILL rank 1.
   const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
   while (!logged_step(read_file(base + "/rank-0.log"), 5) && std::chrono::steady_clock::now() < until)

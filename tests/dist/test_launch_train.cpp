@@ -33,6 +33,7 @@ TEST(DistLaunch, SignalToTheLauncherCheckpointsEveryRankAndTheRunResumes) {
     execl("/bin/sh", "sh", "-c", ("exec " + cmd + " > " + log + " 2>&1").c_str(), static_cast<char*>(nullptr));
     _exit(127);
   }
+  KillOnExit cleanup{{launcher}};  // the ranks die with their launcher (parent-death signal)
   const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(90);
   const std::regex third_step("step +3/");
   while (!std::regex_search(read_if_exists(log), third_step) && std::chrono::steady_clock::now() < until)
