@@ -78,6 +78,10 @@ std::vector<RankResult> wait_ranks(const RankJob& job, const std::vector<int>& p
   return results;
 }
 
+std::string read_if_exists(const std::string& path) {
+  return access(path.c_str(), R_OK) == 0 ? read_file(path) : std::string();
+}
+
 KillOnExit::~KillOnExit() {
   for (int pid : pids) {
     if (waitpid(pid, nullptr, WNOHANG) != 0) continue;  // already reaped (or not our child)

@@ -31,6 +31,9 @@ std::vector<int> start_ranks(const RankJob& job, int port);
 std::vector<RankResult> wait_ranks(const RankJob& job, const std::vector<int>& pids);
 std::vector<RankResult> run_ranks(const RankJob& job);
 
+// The file's contents, or "" while it does not exist yet (a rank's log before it starts).
+std::string read_if_exists(const std::string& path);
+
 // Kills (SIGKILL) and reaps every listed process still running when it goes out of scope, so a
 // failed ASSERT in the middle of a multi-process test never leaves ranks running.
 struct KillOnExit {

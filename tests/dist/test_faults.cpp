@@ -39,9 +39,9 @@ TEST(DistFaults, KilledRankEndsEveryOtherRankWithinTheTimeout) {
   KillOnExit cleanup{pids};
   // Wait until training is under way (rank 0 logs step lines), then SIGKILL rank 1.
   const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-  while (!logged_step(read_file(base + "/rank-0.log"), 5) && std::chrono::steady_clock::now() < until)
+  while (!logged_step(read_if_exists(base + "/rank-0.log"), 5) && std::chrono::steady_clock::now() < until)
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  ASSERT_TRUE(logged_step(read_file(base + "/rank-0.log"), 5)) << read_file(base + "/rank-0.log");
+  ASSERT_TRUE(logged_step(read_if_exists(base + "/rank-0.log"), 5)) << read_if_exists(base + "/rank-0.log");
   const auto killed_at = std::chrono::steady_clock::now();
   ASSERT_EQ(kill(pids[1], SIGKILL), 0);
   auto results = wait_ranks(job, pids);
@@ -88,4 +88,36 @@ TEST(DistFaults, MissingRankTimesOutWithAClearError) {
   EXPECT_NE(results[0].exit_code, 0) << results[0].output;
   EXPECT_NE(results[0].exit_code, -1) << "rank 0 hung";
   EXPECT_TRUE(contains(results[0].output, "rendezvous")) << results[0].output;
+}
+
+TEST(DistFaults, HungRankEndsTheOthersAfterTheTimeout) {
+  REQUIRE_DATA();
+  const std::string base = scratch_dir("hung");
+  RankJob job;
+  job.world = 2;
+  job.args = tiny_train_args(base + "/run", {"train.steps=100000", "train.log_every=1", "train.threads=1",
+                                             "data.workers=1", "checkpoint.every=0", "parallel.timeout_s=8"});
+  job.log_dir = base;
+  job.deadline = std::chrono::seconds(60);
+  const auto pids = start_ranks(job, free_port());
+  KillOnExit cleanup{pids};
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (!logged_step(read_if_exists(base + "/rank-0.log"), 5) && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  ASSERT_TRUE(logged_step(read_if_exists(base + "/rank-0.log"), 5)) << read_if_exists(base + "/rank-0.log");
+  // A hung peer: alive, sockets open, but never joins the next collective.
+  const auto stopped_at = std::chrono::steady_clock::now();
+  ASSERT_EQ(kill(pids[1], SIGSTOP), 0);
+  int status = 0;
+  while (waitpid(pids[0], &status, WNOHANG) == 0 && std::chrono::steady_clock::now() < stopped_at + job.deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - stopped_at).count();
+  kill(pids[1], SIGKILL);
+  const std::string out = read_if_exists(base + "/rank-0.log");
+  std::printf("[faults] rank 0 gave up %.1f s after rank 1 hung (parallel.timeout_s 8)\n", seconds);
+  ASSERT_TRUE(WIFEXITED(status)) << "rank 0 did not exit within the deadline:\n" << out;
+  EXPECT_NE(WEXITSTATUS(status), 0) << out;
+  EXPECT_TRUE(contains(out, "distributed failure")) << out;
+  EXPECT_GE(seconds, 7.0) << "gave up before the configured timeout:\n" << out;
+  EXPECT_LT(seconds, 8 + 20) << out;
 }

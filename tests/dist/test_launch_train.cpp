@@ -16,10 +16,6 @@
 namespace fs = std::filesystem;
 using namespace flowtrain::test;
 
-namespace {
-std::string read_if_exists(const std::string& path) { return fs::exists(path) ? read_file(path) : ""; }
-}  // namespace
-
 TEST(DistLaunch, SignalToTheLauncherCheckpointsEveryRankAndTheRunResumes) {
   if (!have_fashion_mnist()) GTEST_SKIP() << "Fashion-MNIST not installed (scripts/setup.sh installs it)";
   const std::string base = scratch_dir("launch");
