@@ -98,7 +98,10 @@ TEST(ConfigTest, AllKeysListsEverySettingInFileOrder) {
       "sample.every", "sample.num", "sample.steps", "sample.sampler", "sample.cfg_scale", "sample.seed",
       "checkpoint.every", "checkpoint.keep", "checkpoint.resume",
       "eval.every", "eval.num", "eval.steps", "eval.sampler", "eval.cfg_scale", "eval.seed", "eval.classifier_dir",
-      "profile.enabled", "profile.start_step", "profile.num_steps", "profile.record_shapes", "profile.memory"};
+      "profile.enabled", "profile.start_step", "profile.num_steps", "profile.record_shapes", "profile.memory",
+      "parallel.dp_replicate", "parallel.dp_shard", "parallel.cp", "parallel.fsdp", "parallel.reshard_after_forward",
+      "parallel.prefetch", "parallel.reduce_dtype", "parallel.reduce_every_micro_batch", "parallel.backend",
+      "parallel.timeout_s"};
   EXPECT_EQ(all_keys(), expected);
 }
 
@@ -326,6 +329,7 @@ Config everything_changed() {
   c.checkpoint = {100, 0, "never"};
   c.eval = {250, 500, 10, "euler", 2.0, 7, "/tmp/classifiers"};
   c.profile = {true, 4, 2, true, true};
+  c.parallel = {2, 4, 2, "on", false, false, "bf16", true, "gloo", 30.5};
   return c;
 }
 
