@@ -109,10 +109,13 @@ TEST(DistFsdp, ShardedRunsMatchTheUnshardedRunFor20Steps) {
   REQUIRE_DATA();
   const std::string base = scratch_dir("equivalence");
   const std::string w1 = base + "/world1", w2 = base + "/world2", w4 = base + "/world4", hsdp = base + "/hsdp2x2";
+  const std::string w1_fsdp = base + "/world1_fsdp";
   run_world(1, w1, kCommon);
+  run_world(1, w1_fsdp, with({"parallel.fsdp=on"}));  // FSDP machinery on a group of one
   run_world(2, w2, kCommon);
   run_world(4, w4, kCommon);
   run_world(4, hsdp, with({"parallel.dp_replicate=2"}));
+  expect_equivalent(w1, w1_fsdp, "world 1 with FSDP on");
   expect_equivalent(w1, w2, "world 2 (dp_shard 2)");
   expect_equivalent(w1, w4, "world 4 (dp_shard 4)");
   expect_equivalent(w1, hsdp, "world 4 (HSDP dp_replicate 2 x dp_shard 2)");
@@ -174,6 +177,12 @@ TEST(DistFsdp, ResumeAtTheSameWorldSizeIsExactAndExportConsolidates) {
   EXPECT_EQ(exported[0].first, "pos_embed");
   EXPECT_EQ(exported[1].first, "x_embedder.proj.weight");
   EXPECT_EQ(exported.back().first, "final_layer.adaLN_modulation.1.bias");
+
+  // Sampling reads a sharded checkpoint like any other (consolidated EMA weights).
+  r = run_flowtrain("sample -c " + source_path("tests/configs/tiny_fashion.yaml") + " --checkpoint " +
+                    final_checkpoint(straight) + " --out " + base + "/grid.png");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(fs::exists(base + "/grid.png"));
 }
 
 TEST(DistFsdp, ResumeAtAnotherWorldSizeReshardsTheCheckpoint) {
