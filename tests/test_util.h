@@ -36,6 +36,11 @@ std::string data_error_message(F&& f) {
 
 }  // namespace flowtrain::test
 
+// Skips a test that needs the real Fashion-MNIST files when they are not installed.
+#define REQUIRE_DATA()                       \
+  if (!::flowtrain::test::have_fashion_mnist()) \
+  GTEST_SKIP() << "dataset-fashion-mnist is not installed (scripts/setup.sh installs it)"
+
 // Expects `statement` to throw a DataError whose message contains `substring`.
 #define EXPECT_DATA_ERROR(statement, substring)                                            \
   do {                                                                                     \

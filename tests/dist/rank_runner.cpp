@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <regex>
 #include <thread>
 
 namespace flowtrain::test {
@@ -80,6 +81,16 @@ std::vector<RankResult> wait_ranks(const RankJob& job, const std::vector<int>& p
 
 std::string read_if_exists(const std::string& path) {
   return access(path.c_str(), R_OK) == 0 ? read_file(path) : std::string();
+}
+
+bool wait_for_step(const std::string& log, int step, std::chrono::seconds timeout) {
+  const std::regex line("step +" + std::to_string(step) + "/");
+  const auto until = std::chrono::steady_clock::now() + timeout;
+  while (!std::regex_search(read_if_exists(log), line)) {
+    if (std::chrono::steady_clock::now() > until) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return true;
 }
 
 KillOnExit::~KillOnExit() {

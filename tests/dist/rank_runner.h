@@ -34,6 +34,10 @@ std::vector<RankResult> run_ranks(const RankJob& job);
 // The file's contents, or "" while it does not exist yet (a rank's log before it starts).
 std::string read_if_exists(const std::string& path);
 
+// Polls `log` until rank 0's step line for `step` appears (the number is right-aligned to the
+// width of train.steps) or `timeout` passes; returns whether it appeared.
+bool wait_for_step(const std::string& log, int step, std::chrono::seconds timeout);
+
 // Kills (SIGKILL) and reaps every listed process still running when it goes out of scope, so a
 // failed ASSERT in the middle of a multi-process test never leaves ranks running.
 struct KillOnExit {

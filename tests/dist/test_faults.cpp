@@ -16,14 +16,9 @@ namespace fs = std::filesystem;
 using namespace flowtrain::test;
 
 namespace {
-#define REQUIRE_DATA() \
-  if (!have_fashion_mnist()) GTEST_SKIP() << "Fashion-MNIST not installed (scripts/setup.sh installs it)"
 
 bool contains(const std::string& text, const std::string& what) { return text.find(what) != std::string::npos; }
-// Rank 0's step line for `step` (the step number is right-aligned to the width of train.steps).
-bool logged_step(const std::string& log, int step) {
-  return std::regex_search(log, std::regex("step +" + std::to_string(step) + "/"));
-}
+
 }  // namespace
 
 TEST(DistFaults, KilledRankEndsEveryOtherRankWithinTheTimeout) {
@@ -38,10 +33,7 @@ TEST(DistFaults, KilledRankEndsEveryOtherRankWithinTheTimeout) {
   const auto pids = start_ranks(job, free_port());
   KillOnExit cleanup{pids};
   // Wait until training is under way (rank 0 logs step lines), then SIGKILL rank 1.
-  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-  while (!logged_step(read_if_exists(base + "/rank-0.log"), 5) && std::chrono::steady_clock::now() < until)
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  ASSERT_TRUE(logged_step(read_if_exists(base + "/rank-0.log"), 5)) << read_if_exists(base + "/rank-0.log");
+  ASSERT_TRUE(wait_for_step(base + "/rank-0.log", 5, std::chrono::seconds(60))) << read_if_exists(base + "/rank-0.log");
   const auto killed_at = std::chrono::steady_clock::now();
   ASSERT_EQ(kill(pids[1], SIGKILL), 0);
   auto results = wait_ranks(job, pids);
@@ -101,10 +93,7 @@ TEST(DistFaults, HungRankEndsTheOthersAfterTheTimeout) {
   job.deadline = std::chrono::seconds(60);
   const auto pids = start_ranks(job, free_port());
   KillOnExit cleanup{pids};
-  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-  while (!logged_step(read_if_exists(base + "/rank-0.log"), 5) && std::chrono::steady_clock::now() < until)
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  ASSERT_TRUE(logged_step(read_if_exists(base + "/rank-0.log"), 5)) << read_if_exists(base + "/rank-0.log");
+  ASSERT_TRUE(wait_for_step(base + "/rank-0.log", 5, std::chrono::seconds(60))) << read_if_exists(base + "/rank-0.log");
   // A hung peer: alive, sockets open, but never joins the next collective.
   const auto stopped_at = std::chrono::steady_clock::now();
   ASSERT_EQ(kill(pids[1], SIGSTOP), 0);

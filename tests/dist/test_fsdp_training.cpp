@@ -18,8 +18,6 @@ using namespace flowtrain::test;
 
 namespace {
 
-#define REQUIRE_DATA() \
-  if (!have_fashion_mnist()) GTEST_SKIP() << "Fashion-MNIST not installed (scripts/setup.sh installs it)"
 
 // 20 logged steps, final checkpoint, one intra-op thread per rank (4 ranks share 2 cores).
 const std::vector<std::string> kCommon = {"train.steps=20", "train.log_every=1", "train.threads=1", "data.workers=1",

@@ -30,11 +30,7 @@ TEST(DistLaunch, SignalToTheLauncherCheckpointsEveryRankAndTheRunResumes) {
     _exit(127);
   }
   KillOnExit cleanup{{launcher}};  // the ranks die with their launcher (parent-death signal)
-  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(90);
-  const std::regex third_step("step +3/");
-  while (!std::regex_search(read_if_exists(log), third_step) && std::chrono::steady_clock::now() < until)
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  ASSERT_TRUE(std::regex_search(read_if_exists(log), third_step)) << read_if_exists(log);
+  ASSERT_TRUE(wait_for_step(log, 3, std::chrono::seconds(90))) << read_if_exists(log);
   ASSERT_EQ(kill(launcher, SIGUSR1), 0);
 
   // Hang guard: the launcher must be gone within a minute of the signal.

@@ -24,8 +24,6 @@ using namespace flowtrain::test;
 
 namespace {
 
-#define REQUIRE_DATA() \
-  if (!have_fashion_mnist()) GTEST_SKIP() << "dataset-fashion-mnist is not installed (scripts/setup.sh installs it)"
 
 const c10::Device kCpu(c10::kCPU);
 

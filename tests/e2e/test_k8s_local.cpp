@@ -48,8 +48,6 @@ bool distributed_runtime_present() {
   return present;
 }
 
-#define REQUIRE_DATA() \
-  if (!have_fashion_mnist()) GTEST_SKIP() << "dataset-fashion-mnist is not installed (scripts/setup.sh installs it)"
 
 YAML::Node load_doc(const std::string& file, const std::string& kind) {
   for (const YAML::Node& n : YAML::LoadAllFromFile(source_path("configs/k8s/" + file)))

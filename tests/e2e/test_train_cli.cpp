@@ -21,8 +21,6 @@ using namespace flowtrain::test;
 
 namespace {
 
-#define REQUIRE_DATA() \
-  if (!have_fashion_mnist()) GTEST_SKIP() << "dataset-fashion-mnist is not installed (scripts/setup.sh installs it)"
 
 double mean_loss(const std::vector<nlohmann::json>& rows, size_t begin, size_t end) {
   double s = 0;
