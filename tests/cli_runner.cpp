@@ -4,7 +4,9 @@
 
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <array>
+#include <map>
 #include <cstdio>
 #include <sstream>
 
@@ -37,6 +39,36 @@ std::vector<nlohmann::json> read_metrics(const std::string& run_dir) {
   while (std::getline(in, line))
     if (!line.empty()) rows.push_back(nlohmann::json::parse(line));
   return rows;
+}
+
+std::string chrome_trace_problems(const nlohmann::json& trace) {
+  if (!trace.contains("traceEvents") || !trace["traceEvents"].is_array()) return "no traceEvents array";
+  struct Slice { double begin, end; std::string name; };
+  std::map<std::string, std::vector<Slice>> threads;
+  for (const auto& e : trace["traceEvents"]) {
+    if (e.value("ph", "") != "X") continue;
+    if (!e.contains("ts") || !e["ts"].is_number() || !e.contains("dur") || !e["dur"].is_number())
+      return "complete event without numeric ts/dur: " + e.dump();
+    if (!e.contains("pid") || !e.contains("tid")) return "event without pid/tid: " + e.dump();
+    const double ts = e["ts"].get<double>(), dur = e["dur"].get<double>();
+    if (dur < 0) return "negative duration: " + e.dump();
+    threads[e["pid"].dump() + "/" + e["tid"].dump()].push_back({ts, ts + dur, e.value("name", "")});
+  }
+  for (auto& [thread, slices] : threads) {
+    // Longer slices first at equal start, so a parent precedes its children.
+    std::sort(slices.begin(), slices.end(), [](const Slice& a, const Slice& b) {
+      return a.begin != b.begin ? a.begin < b.begin : a.end > b.end;
+    });
+    std::vector<Slice> open;
+    for (const Slice& s : slices) {
+      while (!open.empty() && open.back().end <= s.begin) open.pop_back();
+      // 1 µs of slack: Kineto rounds timestamps to microseconds.
+      if (!open.empty() && s.end > open.back().end + 1.0)
+        return "slices overlap without nesting on thread " + thread + ": '" + open.back().name + "' and '" + s.name + "'";
+      open.push_back(s);
+    }
+  }
+  return "";
 }
 
 }  // namespace flowtrain::test

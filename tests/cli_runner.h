@@ -22,4 +22,9 @@ CommandResult train_tiny(const std::string& out_dir, const std::vector<std::stri
 
 std::vector<nlohmann::json> read_metrics(const std::string& run_dir);
 
+// What Perfetto's / chrome://tracing's JSON importer would reject or misdraw in a Chrome trace:
+// a missing traceEvents array, complete ("X") events without numeric ts/dur ≥ 0/pid/tid, or
+// slices on one thread that overlap without nesting. Returns "" for a clean trace.
+std::string chrome_trace_problems(const nlohmann::json& trace);
+
 }  // namespace flowtrain::test

@@ -8,7 +8,10 @@
 #include <signal.h>
 #include <sys/wait.h>
 
+#include <nlohmann/json.hpp>
+
 #include <chrono>
+#include <map>
 #include <filesystem>
 #include <regex>
 #include <thread>
@@ -62,4 +65,29 @@ TEST(DistLaunch, SignalToTheLauncherCheckpointsEveryRankAndTheRunResumes) {
   EXPECT_NE(r.output.find("resumed from " + run + "/checkpoints/" + name), std::string::npos) << r.output;
   EXPECT_TRUE(fs::exists(run + "/ranks/rank-00000.json"));
   EXPECT_TRUE(fs::exists(run + "/ranks/rank-00001.json"));
+}
+
+TEST(DistLaunch, ProfileTracesShowCommunicationPerRank) {
+  REQUIRE_DATA();
+  const std::string run = scratch_dir("profile") + "/run";
+  auto r = run_flowtrain("launch --nproc-per-node 2 -- " +
+                         tiny_train_args(run, {"train.steps=4", "train.threads=1", "data.workers=1",
+                                               "profile.enabled=true", "profile.start_step=2", "profile.num_steps=2"}));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  for (int rank : {0, 1}) {
+    const std::string path = run + "/profiles/rank-" + std::to_string(rank) + "-step-2.json";
+    ASSERT_TRUE(fs::exists(path)) << path << "\n" << r.output;
+    const auto trace = nlohmann::json::parse(read_file(path));
+    std::map<std::string, int> names;
+    for (const auto& e : trace["traceEvents"])
+      if (e.contains("name") && e["name"].is_string()) names[e["name"].get<std::string>()] += 1;
+    // The step phases and FSDP's communication: gathers in forward and backward, one
+    // reduce-scatter per unit (2 blocks + root) per step, waits where compute needed them.
+    for (const char* phase : {"data_wait", "forward", "backward", "communication", "optimizer"})
+      EXPECT_EQ(names[phase], 2) << "rank " << rank << ": " << phase;
+    EXPECT_GE(names["fsdp.all_gather"], 2 * 3) << "rank " << rank;
+    EXPECT_EQ(names["fsdp.reduce_scatter"], 2 * 3) << "rank " << rank;
+    EXPECT_GE(names["fsdp.wait_reduce_scatter"], 2 * 3) << "rank " << rank;
+    EXPECT_EQ(chrome_trace_problems(trace), "") << "rank " << rank;
+  }
 }

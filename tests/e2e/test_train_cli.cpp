@@ -198,6 +198,7 @@ TEST(TrainCli, WritesTensorBoardEventsAndAProfileTrace) {
   for (const auto& e : trace["traceEvents"])
     if (e.contains("name") && e["name"].is_string()) phases[e["name"].get<std::string>()] += 1;
   for (const char* phase : {"data_wait", "forward", "backward", "optimizer"}) EXPECT_EQ(phases[phase], 2) << phase;
+  EXPECT_EQ(chrome_trace_problems(trace), "");  // what Perfetto's JSON importer needs
 }
 
 // flowtrain eval on a checkpoint prints the quality report (the classifier is trained on first
@@ -221,4 +222,17 @@ TEST(TrainCli, EvalReportsQualityMetricsAsJson) {
   // two steps of training cannot make samples look like garments: far above the real floor
   EXPECT_GT(report["fd"].get<double>(), 5 * report["fd_floor"].get<double>());
   EXPECT_TRUE(fs::exists(ckpt(run, 2) + "/eval.json"));
+}
+
+TEST(TraceCheck, AcceptsNestedSlicesAndFlagsWhatPerfettoWouldReject) {
+  auto trace = [](const char* events) { return nlohmann::json::parse(std::string("{\"traceEvents\": ") + events + "}"); };
+  EXPECT_EQ(chrome_trace_problems(trace(R"([{"ph":"X","name":"a","ts":0,"dur":10,"pid":1,"tid":1},
+                                             {"ph":"X","name":"b","ts":2,"dur":5,"pid":1,"tid":1},
+                                             {"ph":"X","name":"c","ts":5,"dur":20,"pid":1,"tid":2}])")),
+            "");
+  EXPECT_NE(chrome_trace_problems(trace(R"([{"ph":"X","name":"a","ts":0,"dur":10,"pid":1,"tid":1},
+                                             {"ph":"X","name":"b","ts":5,"dur":10,"pid":1,"tid":1}])")),
+            "");
+  EXPECT_NE(chrome_trace_problems(trace(R"([{"ph":"X","name":"a","ts":0,"pid":1,"tid":1}])")), "");
+  EXPECT_NE(chrome_trace_problems(nlohmann::json::parse("{}")), "");
 }
