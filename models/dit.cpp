@@ -36,8 +36,9 @@ at::Tensor DiTBlockImpl::forward(const at::Tensor& x, const at::Tensor& c) {
   auto mod = adaLN_modulation->forward(c).chunk(6, /*dim=*/1);
   const at::Tensor &shift_msa = mod[0], &scale_msa = mod[1], &gate_msa = mod[2];
   const at::Tensor &shift_mlp = mod[3], &scale_mlp = mod[4], &gate_mlp = mod[5];
-  at::Tensor h = x + gate_msa.unsqueeze(1) * attn->forward(modulate(layer_norm_no_affine(x), shift_msa, scale_msa));
-  return h + gate_mlp.unsqueeze(1) * mlp->forward(modulate(layer_norm_no_affine(h), shift_mlp, scale_mlp));
+  // x + gate·attn(modulate(norm1(x), shift, scale)), then the same with the MLP (fused CPU kernels).
+  at::Tensor h = gated_residual(x, gate_msa, attn->forward(adaln_modulate(x, shift_msa, scale_msa)));
+  return gated_residual(h, gate_mlp, mlp->forward(adaln_modulate(h, shift_mlp, scale_mlp)));
 }
 
 // ---- final layer -------------------------------------------------------------------------
@@ -50,7 +51,7 @@ FinalLayerImpl::FinalLayerImpl(int64_t hidden, int64_t patch, int64_t out_channe
 
 at::Tensor FinalLayerImpl::forward(const at::Tensor& x, const at::Tensor& c) {
   auto mod = adaLN_modulation->forward(c).chunk(2, /*dim=*/1);  // shift, scale
-  return linear->forward(modulate(layer_norm_no_affine(x), mod[0], mod[1]));
+  return linear_forward(linear, adaln_modulate(x, mod[0], mod[1]));  // modulate(norm_final(x), shift, scale)
 }
 
 // ---- model -------------------------------------------------------------------------------

@@ -2,13 +2,23 @@
 
 #include <torch/nn/modules/activation.h>
 
+#include "models/cpu_fused.h"
+
+#include <algorithm>
 #include <cmath>
 
 namespace flowtrain::models {
 
+at::Tensor math_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+  const double scale = 1.0 / std::sqrt(double(q.size(-1)));
+  return at::matmul(at::softmax(at::matmul(q * scale, k.transpose(-2, -1)), -1), v);
+}
+
 AttentionFn default_attention() {
   return [](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
-    return at::scaled_dot_product_attention(q, k, v);
+    const bool short_cpu = q.device().is_cpu() && q.scalar_type() == at::kFloat &&
+                           std::max(q.size(-2), k.size(-2)) <= kMathAttentionMaxTokens;
+    return short_cpu ? math_attention(q, k, v) : at::scaled_dot_product_attention(q, k, v);
   };
 }
 
@@ -16,12 +26,28 @@ torch::nn::Linear make_linear(int64_t in_features, int64_t out_features, bool bi
   return torch::nn::Linear(torch::nn::LinearOptions(in_features, out_features).bias(bias));
 }
 
+at::Tensor linear_forward(const torch::nn::Linear& layer, const at::Tensor& x) {
+  return at::linear(x, layer->weight, layer->bias);
+}
+
 at::Tensor modulate(const at::Tensor& x, const at::Tensor& shift, const at::Tensor& scale) {
   return x * (1 + scale.unsqueeze(1)) + shift.unsqueeze(1);
 }
 
+constexpr double kLayerNormEps = 1e-6;
+
 at::Tensor layer_norm_no_affine(const at::Tensor& x) {
-  return at::layer_norm(x, {x.size(-1)}, /*weight=*/{}, /*bias=*/{}, /*eps=*/1e-6);
+  return at::layer_norm(x, {x.size(-1)}, /*weight=*/{}, /*bias=*/{}, kLayerNormEps);
+}
+
+at::Tensor adaln_modulate(const at::Tensor& x, const at::Tensor& shift, const at::Tensor& scale) {
+  if (!cpu_fused::supports(x, {&shift, &scale})) return modulate(layer_norm_no_affine(x), shift, scale);
+  return cpu_fused::adaln_modulate(x, shift, scale, kLayerNormEps);
+}
+
+at::Tensor gated_residual(const at::Tensor& x, const at::Tensor& gate, const at::Tensor& y) {
+  if (!cpu_fused::supports(x, {&gate}, &y)) return at::addcmul(x, gate.unsqueeze(1), y);
+  return cpu_fused::gated_residual(x, gate, y);
 }
 
 // 1-D table for positions `pos` [M]: [M, dim] = cat[sin(pos·ω), cos(pos·ω)], ω_k = 10000^(−k/(dim/2)).
@@ -61,7 +87,7 @@ PatchEmbedImpl::PatchEmbedImpl(int64_t in_channels, int64_t hidden, int64_t patc
 }
 
 at::Tensor PatchEmbedImpl::forward(const at::Tensor& x) {
-  return proj->forward(x).flatten(2).transpose(1, 2);  // [B, D, h, w] -> [B, h·w, D]
+  return proj->forward(x).flatten(2).transpose(1, 2).contiguous();  // [B, D, h, w] -> [B, h·w, D]
 }
 
 TimestepEmbedderImpl::TimestepEmbedderImpl(int64_t hidden, int64_t frequency_dim)
@@ -92,10 +118,14 @@ AttentionImpl::AttentionImpl(int64_t hidden, int64_t heads, AttentionFn attentio
 
 at::Tensor AttentionImpl::forward(const at::Tensor& x) {
   const int64_t B = x.size(0), N = x.size(1), D = x.size(2);
-  // [B, N, 3·D] -> [B, N, 3, H, Dh] -> [3, B, H, N, Dh]  (timm's layout)
-  at::Tensor qkv_heads = qkv->forward(x).reshape({B, N, 3, heads, D / heads}).permute({2, 0, 3, 1, 4});
-  at::Tensor out = attention(qkv_heads[0], qkv_heads[1], qkv_heads[2]);  // [B, H, N, Dh]
-  return proj->forward(out.transpose(1, 2).reshape({B, N, D}));
+  // [B, N, 3·D] -> [B, N, 3, H, Dh] -> q, k, v [B, N, H, Dh] -> [B, H, N, Dh]: timm's layout
+  // (views, no copy). unbind rather than permute + index: its backward stacks the three
+  // gradients straight into the [B, N, 3·D] layout of the qkv output (indexing would build three
+  // zero-filled [3, B, H, N, Dh] tensors, add them and copy the sum back to [B, N, 3·D]).
+  const auto qkv_parts = linear_forward(qkv, x).reshape({B, N, 3, heads, D / heads}).unbind(2);
+  at::Tensor out = attention(qkv_parts[0].transpose(1, 2), qkv_parts[1].transpose(1, 2),
+                             qkv_parts[2].transpose(1, 2));  // [B, H, N, Dh]
+  return linear_forward(proj, out.transpose(1, 2).reshape({B, N, D}));
 }
 
 MlpImpl::MlpImpl(int64_t hidden, int64_t mlp_hidden) {
@@ -104,7 +134,7 @@ MlpImpl::MlpImpl(int64_t hidden, int64_t mlp_hidden) {
 }
 
 at::Tensor MlpImpl::forward(const at::Tensor& x) {
-  return fc2->forward(at::gelu(fc1->forward(x), "tanh"));
+  return linear_forward(fc2, at::gelu(linear_forward(fc1, x), "tanh"));
 }
 
 }  // namespace flowtrain::models

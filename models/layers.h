@@ -21,17 +21,43 @@ namespace flowtrain::models {
 // Injected so that context parallelism (Ulysses, ring) can replace it without the model knowing.
 using AttentionFn =
     std::function<at::Tensor(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v)>;
-AttentionFn default_attention();  // at::scaled_dot_product_attention
+// at::scaled_dot_product_attention, except for short fp32 sequences on the CPU: there ATen's
+// CPU flash kernel loses to the plain composition (batched GEMMs + softmax) by 1.1–3× for
+// N ≤ 144 tokens (measured fwd+bwd, 2 threads, docs/perf.md), so N ≤ kMathAttentionMaxTokens
+// takes math_attention. The tokens of the default Fashion config (49) and of 256px DiT-XL/2
+// latents on a CPU smoke run are on either side of it.
+AttentionFn default_attention();
+constexpr int64_t kMathAttentionMaxTokens = 128;
+// softmax((q/√Dh)·kᵀ)·v with explicit GEMMs (keeps the [B, H, N, N] probabilities for backward).
+at::Tensor math_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v);
 
 // Every linear layer of a model is created here, so that one setting (fp8 training, a later
 // issue) can switch the implementation of all of them in one place.
 torch::nn::Linear make_linear(int64_t in_features, int64_t out_features, bool bias = true);
+
+// layer(x) = x·Wᵀ + b through at::linear, as torch.nn.functional.linear: tokens [B, N, in] are
+// flattened into one addmm with the bias. (torch::nn::Linear::forward goes through the C++
+// frontend's own functional, which does a matmul and then a separate in-place bias add for
+// inputs of more than 2 dims: an extra pass over the output, and a reduction for ∂b.)
+at::Tensor linear_forward(const torch::nn::Linear& layer, const at::Tensor& x);
 
 // x·(1 + scale) + shift, with per-sample shift/scale [B, D] broadcast over tokens [B, N, D].
 at::Tensor modulate(const at::Tensor& x, const at::Tensor& shift, const at::Tensor& scale);
 
 // LayerNorm without affine parameters, eps 1e-6 (DiT's norm1/norm2/norm_final).
 at::Tensor layer_norm_no_affine(const at::Tensor& x);
+
+// adaLN: modulate(layer_norm_no_affine(x), shift, scale), x [B, N, D], shift/scale [B, D].
+// fp32 on the CPU: one fused kernel each way (per token: moments, normalise, modulate; backward:
+// the LayerNorm gradient with the per-sample gain 1 + scale, and the shift/scale gradients
+// reduced over tokens in the same pass), saving only x and the per-token mean and 1/σ. Other
+// devices and dtypes (CUDA, bf16 autocast): the same two ATen ops as the composition.
+at::Tensor adaln_modulate(const at::Tensor& x, const at::Tensor& shift, const at::Tensor& scale);
+
+// The gated residual of a DiT block, x + gate·y, with a per-sample gate [B, D] broadcast over
+// tokens [B, N, D]. fp32 on the CPU: one pass forward; backward ∂y = g·gate and ∂gate = Σ_tokens
+// g·y in one pass (∂x = g). Elsewhere at::addcmul.
+at::Tensor gated_residual(const at::Tensor& x, const at::Tensor& gate, const at::Tensor& y);
 
 // Fixed 2-D sin-cos position table [grid·grid, dim] (float64 math, returned as float32).
 // First dim/2 channels encode the column (w) coordinate, last dim/2 the row (h); each half is
@@ -45,7 +71,10 @@ at::Tensor timestep_features(const at::Tensor& t, int64_t dim, double max_period
 // Conv2d(C, D, kernel = stride = p) then flatten to row-major tokens. Key: x_embedder.proj.*
 struct PatchEmbedImpl : torch::nn::Module {
   PatchEmbedImpl(int64_t in_channels, int64_t hidden, int64_t patch);
-  at::Tensor forward(const at::Tensor& x);  // [B, C, H, W] -> [B, (H/p)·(W/p), D]
+  // [B, C, H, W] -> [B, (H/p)·(W/p), D], contiguous (token-major): every later elementwise op
+  // keeps its input's layout, so a transposed view here would make each LayerNorm and linear of
+  // every block copy its input (and its gradient) to contiguous memory, fwd and bwd.
+  at::Tensor forward(const at::Tensor& x);
   torch::nn::Conv2d proj{nullptr};
 };
 TORCH_MODULE(PatchEmbed);

@@ -22,7 +22,11 @@ void Ema::update(const models::DiT& model, double decay) {
   at::NoGradGuard no_grad;
   const auto params = model->parameters();
   TORCH_CHECK(params.size() == ema_params_.size(), "EMA: model parameter count changed");
-  for (size_t i = 0; i < params.size(); ++i) ema_params_[i].lerp_(params[i].detach(), 1.0 - decay);
+  std::vector<at::Tensor> weights;
+  weights.reserve(params.size());
+  for (const auto& p : params) weights.push_back(p.detach());
+  // One multi-tensor kernel on CUDA, the per-tensor lerp_ loop on the CPU.
+  at::_foreach_lerp_(ema_params_, weights, 1.0 - decay);
 }
 
 }  // namespace flowtrain::trainer

@@ -27,19 +27,52 @@ void AdamW::step(double lr) {
   at::NoGradGuard no_grad;
   ++step_count_;
   const double b1 = options_.beta1, b2 = options_.beta2;
+  // Slots whose tensors suit ATen's fused AdamW kernel (contiguous, same dtype and device as the
+  // first such slot) are updated by one at::_fused_adamw_ call; the rest by the per-tensor loop.
+  std::vector<at::Tensor> params, grads, exp_avgs, exp_avg_sqs;
+  std::vector<const Slot*> looped;
+  for (const auto& s : slots_) {
+    const at::Tensor& g = s.param.grad();
+    if (!g.defined()) continue;
+    const bool fusable = s.param.is_contiguous() && g.is_contiguous() && s.exp_avg.is_contiguous() &&
+                         s.exp_avg_sq.is_contiguous() && g.scalar_type() == s.param.scalar_type() &&
+                         g.device() == s.param.device() &&
+                         (params.empty() || (s.param.device() == params[0].device() &&
+                                             s.param.scalar_type() == params[0].scalar_type()));
+    if (!fusable) {
+      looped.push_back(&s);
+      continue;
+    }
+    params.push_back(s.param);
+    grads.push_back(g);
+    exp_avgs.push_back(s.exp_avg);
+    exp_avg_sqs.push_back(s.exp_avg_sq);
+  }
+  if (!params.empty()) {
+    // The kernel reads the step (for the bias corrections) from one fp32 scalar tensor per param,
+    // on their device; the same tensor serves them all. Per element it computes, in fp32, the same
+    // operations in the same order as the loop below: p·(1 − lr·λ); m ← m + (1−β1)·(g − m) (lerp);
+    // v ← β2·v + (1−β2)·g·g; p ← p − (lr/bias1)·m / (√v / √bias2 + ε).
+    if (!step_tensor_.defined() || step_tensor_.device() != params[0].device())
+      step_tensor_ = at::empty({}, at::TensorOptions().dtype(at::kFloat).device(params[0].device()));
+    step_tensor_.fill_(double(step_count_));
+    const std::vector<at::Tensor> steps(params.size(), step_tensor_);
+    at::_fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, /*max_exp_avg_sqs=*/{}, steps, lr, b1, b2,
+                      options_.weight_decay, options_.eps, /*amsgrad=*/false, /*maximize=*/false);
+  }
+  if (looped.empty()) return;
   const double bias1 = 1.0 - std::pow(b1, double(step_count_));
   const double bias2 = 1.0 - std::pow(b2, double(step_count_));
   const double step_size = lr / bias1;
   const double bias2_sqrt = std::sqrt(bias2);
-  for (auto& s : slots_) {
-    const at::Tensor& g = s.param.grad();
-    if (!g.defined()) continue;
+  for (const Slot* s : looped) {
+    const at::Tensor& g = s->param.grad();
     // Decoupled weight decay: p ← p·(1 − lr·λ), before the Adam update (torch.optim.AdamW order).
-    if (options_.weight_decay != 0) s.param.mul_(1.0 - lr * options_.weight_decay);
-    s.exp_avg.lerp_(g, 1.0 - b1);                               // m ← β1·m + (1−β1)·g
-    s.exp_avg_sq.mul_(b2).addcmul_(g, g, 1.0 - b2);             // v ← β2·v + (1−β2)·g²
-    at::Tensor denom = (s.exp_avg_sq.sqrt() / bias2_sqrt).add_(options_.eps);
-    s.param.addcdiv_(s.exp_avg, denom, -step_size);             // p ← p − lr·m̂/(√v̂ + ε)
+    if (options_.weight_decay != 0) s->param.mul_(1.0 - lr * options_.weight_decay);
+    s->exp_avg.lerp_(g, 1.0 - b1);                               // m ← β1·m + (1−β1)·g
+    s->exp_avg_sq.mul_(b2).addcmul_(g, g, 1.0 - b2);             // v ← β2·v + (1−β2)·g²
+    at::Tensor denom = (s->exp_avg_sq.sqrt() / bias2_sqrt).add_(options_.eps);
+    s->param.addcdiv_(s->exp_avg, denom, -step_size);            // p ← p − lr·m̂/(√v̂ + ε)
   }
 }
 
@@ -51,20 +84,20 @@ void AdamW::zero_grad() {
 
 at::Tensor clip_grad_norm(const std::vector<at::Tensor>& params, double max_norm) {
   at::NoGradGuard no_grad;
-  std::vector<at::Tensor> norms;
+  std::vector<at::Tensor> grads;
   for (const auto& p : params) {
-    if (p.grad().defined()) norms.push_back(at::linalg_vector_norm(p.grad().to(at::kFloat), 2));
+    if (p.grad().defined()) grads.push_back(p.grad());
   }
-  if (norms.empty()) return at::zeros({}, at::TensorOptions().dtype(at::kFloat));
-  at::Tensor total = at::linalg_vector_norm(at::stack(norms), 2);
+  if (grads.empty()) return at::zeros({}, at::TensorOptions().dtype(at::kFloat));
+  // fp32 norm of each gradient, then the norm of those: torch.nn.utils.clip_grad_norm_'s order.
+  // The _foreach ops are one multi-tensor kernel on CUDA and the per-tensor loop on the CPU.
+  at::Tensor total = at::linalg_vector_norm(at::stack(at::_foreach_norm(grads, 2, at::kFloat)), 2);
   if (max_norm > 0) {
     // clamp(max_norm / (norm + 1e-6), max = 1), and 1 when the norm is not finite, so a NaN
     // step is left for the trainer's non-finite policy instead of being silently zeroed.
     at::Tensor coef = at::clamp_max(max_norm / (total + 1e-6), 1.0);
     coef = at::where(at::isfinite(total), coef, at::ones_like(coef));
-    for (const auto& p : params) {
-      if (p.grad().defined()) p.grad().mul_(coef.to(p.grad().dtype()));
-    }
+    at::_foreach_mul_(grads, coef);
   }
   return total;
 }

@@ -51,6 +51,7 @@ class AdamW {
   std::vector<Slot> slots_;
   AdamWOptions options_;
   int64_t step_count_ = 0;
+  at::Tensor step_tensor_;  // step_count_ as an fp32 scalar on the params' device (fused kernel)
 };
 
 // Global L2 norm of all gradients (computed in fp32, on the device: no host sync), and scales

@@ -3,6 +3,7 @@
 #include "models/dit.h"
 
 #include <gtest/gtest.h>
+#include <torch/csrc/autograd/autograd.h>
 
 #include <cmath>
 #include <set>
@@ -109,6 +110,130 @@ TEST(DiTMath, BlockUsesReferenceModulationOrder) {
   at::Tensor expected = h + chunks[5] * block->mlp->forward(norm(h) * (1 + chunks[4]) + chunks[3]);
   // identical float32 operations up to broadcasting order: bitwise-close
   EXPECT_TRUE(at::allclose(out, expected, 1e-5, 1e-6));
+}
+
+namespace {
+
+// Output and input gradients of f on float32 inputs, and of the same f on float64 copies: the
+// fused CPU kernels run on the float32 inputs, the ATen composition on the float64 ones.
+struct Grads {
+  at::Tensor out;
+  std::vector<at::Tensor> grads;
+};
+template <typename F>
+Grads run_with_grads(const F& f, const std::vector<at::Tensor>& inputs, const at::Tensor& weight) {
+  std::vector<at::Tensor> leaves;
+  for (const auto& t : inputs) leaves.push_back(t.detach().clone().set_requires_grad(true));
+  at::Tensor out = f(leaves);
+  at::Tensor loss = (out * weight.to(out.scalar_type())).sum();
+  return {out.detach(), torch::autograd::grad({loss}, leaves)};
+}
+
+std::vector<at::Tensor> to_double(const std::vector<at::Tensor>& v) {
+  std::vector<at::Tensor> out;
+  for (const auto& t : v) out.push_back(t.to(at::kDouble));
+  return out;
+}
+
+}  // namespace
+
+// The fused CPU kernels (adaln_modulate, gated_residual) against the float64 ATen composition,
+// forward and backward. D = 20 covers the 8-lane loop and its scalar tail; N = 70 tokens span two
+// row blocks of the token reductions; shift/scale/gate are strided chunks of one [B, 3·D] tensor
+// like the adaLN linear's output. Tolerance: fp32 rounding (u = 6e-8) of O(1) values through
+// D-term and N-term sums stays below 1e-5 absolute; the float64 side is exact in comparison.
+TEST(DiTMath, FusedAdaLNModulateMatchesFloat64Composition) {
+  at::manual_seed(3);
+  const int64_t B = 3, N = 70, D = 20;
+  at::Tensor x = at::randn({B, N, D}) * 3 + 1, mod = at::randn({B, 3 * D}), w = at::randn({B, N, D});
+  auto f = [](const std::vector<at::Tensor>& in) {
+    auto chunks = in[1].chunk(3, 1);
+    return adaln_modulate(in[0], chunks[0], chunks[2]);
+  };
+  Grads got = run_with_grads(f, {x, mod}, w), ref = run_with_grads(f, to_double({x, mod}), w);
+  EXPECT_TRUE(at::allclose(got.out.to(at::kDouble), ref.out, 1e-5, 1e-5));
+  for (size_t i = 0; i < 2; ++i)
+    EXPECT_TRUE(at::allclose(got.grads[i].to(at::kDouble), ref.grads[i], 1e-5, 1e-5)) << "input " << i;
+  // The float64 path is the composition itself (LayerNorm, eps 1e-6, then modulate).
+  auto chunks = mod.to(at::kDouble).chunk(3, 1);
+  at::Tensor x64 = x.to(at::kDouble);
+  EXPECT_TRUE(at::allclose(ref.out, modulate(layer_norm_no_affine(x64), chunks[0], chunks[2]), 0, 1e-12));
+  // No gradient flows into the unused middle chunk.
+  EXPECT_EQ(got.grads[1].narrow(1, D, D).abs().max().item<float>(), 0.f);
+}
+
+TEST(DiTMath, FusedGatedResidualMatchesFloat64Composition) {
+  at::manual_seed(4);
+  const int64_t B = 2, N = 70, D = 20;
+  at::Tensor x = at::randn({B, N, D}), mod = at::randn({B, 2 * D}), y = at::randn({B, N, D});
+  at::Tensor w = at::randn({B, N, D});
+  auto f = [](const std::vector<at::Tensor>& in) { return gated_residual(in[0], in[1].chunk(2, 1)[1], in[2]); };
+  Grads got = run_with_grads(f, {x, mod, y}, w), ref = run_with_grads(f, to_double({x, mod, y}), w);
+  EXPECT_TRUE(at::allclose(got.out.to(at::kDouble), ref.out, 1e-6, 1e-6));
+  for (size_t i = 0; i < 3; ++i)
+    EXPECT_TRUE(at::allclose(got.grads[i].to(at::kDouble), ref.grads[i], 1e-5, 1e-5)) << "input " << i;
+  at::Tensor gate64 = mod.to(at::kDouble).chunk(2, 1)[1];
+  EXPECT_TRUE(at::allclose(ref.out, x.to(at::kDouble) + gate64.unsqueeze(1) * y.to(at::kDouble), 0, 1e-12));
+}
+
+// Attention in timm's layout: qkv output [B, N, 3, H, Dh], softmax(q·kᵀ/√Dh)·v per head, heads
+// concatenated back to [B, N, H·Dh] before proj; written out in float64 with plain matmuls.
+TEST(DiTMath, AttentionMatchesFloat64Heads) {
+  at::manual_seed(5);
+  const int64_t B = 2, N = 7, D = 24, H = 3, Dh = D / H;
+  Attention attn(D, H, default_attention());
+  at::Tensor x = at::randn({B, N, D}).set_requires_grad(true);
+  at::Tensor out = attn->forward(x);
+  at::Tensor wq = attn->qkv->weight.detach().to(at::kDouble), bq = attn->qkv->bias.detach().to(at::kDouble);
+  at::Tensor wp = attn->proj->weight.detach().to(at::kDouble), bp = attn->proj->bias.detach().to(at::kDouble);
+  at::Tensor x64 = x.detach().to(at::kDouble).requires_grad_(true);
+  at::Tensor qkv = (at::matmul(x64, wq.t()) + bq).view({B, N, 3, H, Dh});
+  std::vector<at::Tensor> heads;
+  for (int64_t h = 0; h < H; ++h) {
+    at::Tensor q = qkv.select(2, 0).select(2, h), k = qkv.select(2, 1).select(2, h), v = qkv.select(2, 2).select(2, h);
+    heads.push_back(at::matmul(at::softmax(at::matmul(q, k.transpose(1, 2)) / std::sqrt(double(Dh)), -1), v));
+  }
+  at::Tensor ref = at::matmul(at::cat(heads, -1), wp.t()) + bp;
+  EXPECT_TRUE(at::allclose(out.detach().to(at::kDouble), ref, 1e-5, 1e-6));
+  at::Tensor w = at::randn({B, N, D});
+  at::Tensor gx = torch::autograd::grad({(out * w).sum()}, {x})[0];
+  at::Tensor gx64 = torch::autograd::grad({(ref * w.to(at::kDouble)).sum()}, {x64})[0];
+  EXPECT_TRUE(at::allclose(gx.to(at::kDouble), gx64, 1e-5, 1e-6));
+}
+
+// default_attention's two implementations (the explicit-GEMM composition for short fp32 CPU
+// sequences, ATen's SDPA above kMathAttentionMaxTokens) against softmax(q·kᵀ/√Dh)·v in float64,
+// values and input gradients. Tolerance: fp32 rounding of O(1) scores through Dh- and N-term
+// sums (N ≤ 131), well under 1e-5.
+TEST(DiTMath, DefaultAttentionMatchesFloat64OnBothSidesOfTheMathThreshold) {
+  at::manual_seed(8);
+  for (int64_t N : {int64_t{9}, kMathAttentionMaxTokens, kMathAttentionMaxTokens + 3}) {
+    std::vector<at::Tensor> qkv;
+    for (int i = 0; i < 3; ++i) qkv.push_back(at::randn({2, 3, N, 16}));
+    const at::Tensor w = at::randn({2, 3, N, 16});
+    auto f = [](const std::vector<at::Tensor>& in) { return default_attention()(in[0], in[1], in[2]); };
+    Grads got = run_with_grads(f, qkv, w);
+    auto ref_f = [](const std::vector<at::Tensor>& in) {
+      at::Tensor scores = at::matmul(in[0], in[1].transpose(-2, -1)) / std::sqrt(16.0);
+      return at::matmul(at::softmax(scores, -1), in[2]);
+    };
+    Grads ref = run_with_grads(ref_f, to_double(qkv), w);
+    EXPECT_TRUE(at::allclose(got.out.to(at::kDouble), ref.out, 1e-5, 1e-6)) << "N " << N;
+    for (size_t i = 0; i < 3; ++i)
+      EXPECT_TRUE(at::allclose(got.grads[i].to(at::kDouble), ref.grads[i], 1e-5, 1e-6)) << "N " << N << " input " << i;
+  }
+}
+
+// Tokens come out token-major and contiguous (a transposed view would make every later
+// LayerNorm and linear copy its input), in row-major patch order.
+TEST(DiTMath, PatchEmbedTokensAreContiguousRowMajor) {
+  PatchEmbed embed(2, 6, 2);
+  at::Tensor x = at::randn({3, 2, 8, 8});
+  at::Tensor tokens = embed->forward(x);
+  EXPECT_TRUE(tokens.is_contiguous());
+  EXPECT_EQ(tokens.sizes(), (std::vector<int64_t>{3, 16, 6}));
+  at::Tensor conv = embed->proj->forward(x);  // [3, 6, 4, 4]
+  EXPECT_TRUE(at::equal(tokens.select(1, 1 * 4 + 2), conv.select(2, 1).select(2, 2)));  // row 1, col 2
 }
 
 TEST(DiTInit, AdaLNZeroAndFinalLayerAreZeroSoOutputIsZero) {

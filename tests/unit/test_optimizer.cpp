@@ -33,6 +33,43 @@ TEST(AdamW, MatchesFloat64ReferenceWithDecoupledWeightDecay) {
   EXPECT_EQ(opt.step_count(), 4);
 }
 
+// The update runs in two implementations: ATen's fused AdamW kernel for contiguous tensors and a
+// per-tensor op loop for the rest (e.g. a non-contiguous shard view). Both against the float64
+// formula, on tensors long enough for the fused kernel's vector loop and its tail (1003 values).
+TEST(AdamW, FusedAndLoopPathsMatchFloat64Reference) {
+  at::manual_seed(1);
+  at::Tensor a = at::randn({1003}).set_requires_grad(true);             // fused kernel
+  at::Tensor b = at::randn({17, 59}).t().set_requires_grad(true);       // non-contiguous: loop
+  ASSERT_FALSE(b.is_contiguous());
+  AdamWOptions o{0.9, 0.99, 1e-8, 0.05};
+  AdamW opt({{"a", a}, {"b", b}}, o);
+  struct Ref { at::Tensor p, m, v; };
+  std::vector<Ref> refs;
+  for (const auto& p : {a, b})
+    refs.push_back({p.detach().to(at::kDouble).clone(), at::zeros(p.sizes(), at::kDouble), at::zeros(p.sizes(), at::kDouble)});
+  for (int step = 1; step <= 5; ++step) {
+    const double lr = 1e-2 / step;
+    std::vector<at::Tensor> gs = {at::randn({1003}), at::randn({17, 59}).t()};
+    a.mutable_grad() = gs[0];
+    b.mutable_grad() = gs[1];
+    opt.step(lr);
+    for (size_t i = 0; i < 2; ++i) {
+      Ref& r = refs[i];
+      at::Tensor g = gs[i].to(at::kDouble);
+      r.p = r.p * (1 - lr * o.weight_decay);
+      r.m = o.beta1 * r.m + (1 - o.beta1) * g;
+      r.v = o.beta2 * r.v + (1 - o.beta2) * g * g;
+      r.p = r.p - lr * (r.m / (1 - std::pow(o.beta1, step))) / ((r.v / (1 - std::pow(o.beta2, step))).sqrt() + o.eps);
+      at::Tensor p = i == 0 ? a : b;
+      // as above: fp32 rounding of O(1) weights and of ~lr-sized updates
+      EXPECT_TRUE(at::allclose(p.detach().to(at::kDouble), r.p, 0, 1e-6)) << "param " << i << " step " << step;
+      const auto& slot = opt.slots()[i];
+      EXPECT_TRUE(at::allclose(slot.exp_avg.to(at::kDouble), r.m, 1e-6, 1e-7)) << "m " << i << " step " << step;
+      EXPECT_TRUE(at::allclose(slot.exp_avg_sq.to(at::kDouble), r.v, 1e-6, 1e-9)) << "v " << i << " step " << step;
+    }
+  }
+}
+
 TEST(AdamW, SkipsFixedParametersAndParamsWithoutGrad) {
   at::Tensor fixed = at::ones({2});  // requires_grad false, like pos_embed
   at::Tensor a = at::ones({2}).set_requires_grad(true), b = at::ones({2}).set_requires_grad(true);
