@@ -58,7 +58,15 @@ tmp="$(mktemp -d "${TMPDIR:-/tmp}/compare_pytorch.XXXXXX")"
 if [[ "${KEEP_BENCH_DIR:-0}" == 1 ]]; then echo "keeping $tmp" >&2; else trap 'rm -rf "$tmp"' EXIT; fi
 status=0
 
+# CPU time the hypervisor gave to other guests while a run was timed (/proc/stat "steal", in
+# USER_HZ ticks): on a shared VM it is the first thing to check when two runs disagree.
+steal_ticks() { awk '/^cpu /{print $9}' /proc/stat 2>/dev/null || echo 0; }
+record_steal() {  # record_steal NAME START_TICKS
+  echo "$(( $(steal_ticks) - $2 ))" >"$tmp/$1.steal"
+}
+
 # ---- flowtrain bench (timing + parity dump) ------------------------------------------------
+steal0=$(steal_ticks)
 echo "== flowtrain bench -c $CONFIG --synthetic --steps $STEPS --warmup $WARMUP ${extra[*]:-}"
 if ! "$BIN" bench -c "$CONFIG" --synthetic --steps "$STEPS" --warmup "$WARMUP" \
     --parity-dump "$tmp/parity.safetensors" --json "$tmp/flowtrain.json" "${extra[@]}" \
@@ -67,6 +75,7 @@ if ! "$BIN" bench -c "$CONFIG" --synthetic --steps "$STEPS" --warmup "$WARMUP" \
   echo "compare_pytorch: flowtrain bench failed" >&2
   exit 1
 fi
+record_steal flowtrain "$steal0"
 cat "$tmp/flowtrain.out"
 
 field() { "$PY" -c 'import json,sys; print(json.load(open(sys.argv[1]))[sys.argv[2]])' "$1" "$2"; }
@@ -109,9 +118,12 @@ run_peer() {  # run_peer NAME [ARGS...] -> 0 ok, 1 parity FAIL or error, 3 compi
   local name="$1" rc=0
   shift
   echo "== $name: pytorch_peer.py --steps $STEPS --warmup $WARMUP --threads $THREADS --device $DEVICE $*"
+  local start
+  start=$(steal_ticks)
   "$PY" "$ROOT/bench/pytorch_peer.py" --dump "$tmp/parity.safetensors" --steps "$STEPS" --warmup "$WARMUP" \
     --threads "$THREADS" --device "$DEVICE" --json "$tmp/$name.json" "$@" \
     >"$tmp/$name.out" 2>"$tmp/$name.log" || rc=$?
+  record_steal "$name" "$start"
   grep -v '^parity note' "$tmp/$name.out" || true
   if ((rc != 0 && rc != 3)); then tail -n 20 "$tmp/$name.log" >&2; fi
   return "$rc"
@@ -134,24 +146,36 @@ echo
 import json, os, sys
 
 tmp, peers = sys.argv[1], sys.argv[2:]
+hz = os.sysconf("SC_CLK_TCK")
+
+
+def steal_s(name):
+    path = os.path.join(tmp, name + ".steal")
+    return int(open(path).read()) / hz if os.path.exists(path) else float("nan")
+
+
 ft = json.load(open(os.path.join(tmp, "flowtrain.json")))
+ft["steal_s"] = steal_s("flowtrain")
 rows = [("flowtrain", ft)]
 for p in peers:
     path = os.path.join(tmp, p + ".json")
     if os.path.exists(path):
         r = json.load(open(path))
+        r["steal_s"] = steal_s(p)
         rows.append((r["implementation"], r))
 
 print(f"device {ft['device']}, fp32, {ft['threads']} threads, batch {ft['batch']} x {ft['tokens_per_sample']} tokens, "
       f"{ft['steps']} timed steps after {ft['warmup']} warm-up")
 head = (f"{'implementation':<16} {'step median s':>13} {'(p10 - p90)':>19} {'min s':>8} {'samples/s':>10} "
-        f"{'peak MiB':>9}  memory")
+        f"{'peak MiB':>9} {'steal s':>8}  memory")
 print(head)
 print("-" * len(head))
 for name, r in rows:
     spread = f"({r['step_time_p10_s']:.4f} - {r['step_time_p90_s']:.4f})"
     print(f"{name:<16} {r['step_time_median_s']:>13.4f} {spread:>19} {r['step_time_min_s']:>8.4f} "
-          f"{r['samples_per_s']:>10.1f} {r['peak_memory_bytes'] / 1048576:>9.1f}  {r['memory_kind']}")
+          f"{r['samples_per_s']:>10.1f} {r['peak_memory_bytes'] / 1048576:>9.1f} {r['steal_s']:>8.1f}  {r['memory_kind']}")
+print("  steal s: CPU time taken by other guests of this VM during the whole run (warm-up, timing,\n"
+      "  start-up), from /proc/stat; compare rows only when it is small next to the run's length.")
 for name, r in rows[1:]:
     if r["memory_kind"] == "cpu peak RSS":
         print(f"  {name}: RSS after `import torch` {r['rss_after_import_bytes'] / 1048576:.1f} MiB, "
@@ -166,7 +190,10 @@ if os.path.exists(parity_out):
     for line in open(parity_out):
         if line.startswith(("parity (network", "network parity")):
             print(line.rstrip())
-if rows[1:] and ft["first_loss"] != rows[1][1]["reference_loss"]:
+# With gradient accumulation the benchmark's first loss is the whole step's, the dump's the first
+# micro-batch's: they differ by design.
+grad_accum = int(rows[1][1].get("grad_accum", 1)) if rows[1:] else 1
+if rows[1:] and grad_accum == 1 and ft["first_loss"] != rows[1][1]["reference_loss"]:
     print(f"note: flowtrain's benchmark run reported first loss {ft['first_loss']:.9f}, its parity dump "
           f"{rows[1][1]['reference_loss']:.9f}: the dump does not reproduce the trainer's first step")
 for name, r in rows[1:]:

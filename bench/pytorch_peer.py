@@ -125,7 +125,8 @@ def epoch_order(n: int, seed: int, epoch: int) -> list[int]:
 
 
 def step_seed(run_seed: int, rank: int, step: int, micro: int) -> int:
-    """flowtrain's per-(rank, step, micro-batch) generator seed (trainer/trainer.cpp)."""
+    """flowtrain's generator seed (trainer/trainer.cpp step_seed). The trainer's draw_step_inputs
+    calls it as step_seed(run seed, 0, step, global row of the batch): one generator per row."""
     z = (run_seed * 0x9E3779B97F4A7C15) & _M64
     for v in (rank, step, micro):
         z = (z ^ (((v + 0x9E3779B97F4A7C15) + (z << 6) + (z >> 2)) & _M64)) & _M64
@@ -136,9 +137,11 @@ def step_seed(run_seed: int, rank: int, step: int, micro: int) -> int:
 class FlowtrainSyntheticRun:
     """Reproduces, bit for bit, the inputs of a step of `flowtrain train` on data.source=synthetic:
     the synthetic data set (data/loader.cpp make_synthetic_dataset), the loader's batch order and
-    uint8 -> [-1, 1] conversion, and the per-step draw of timesteps, noise and label dropout
-    (models/flow_matching.cpp draw_flow_matching_inputs), all from torch's CPU generator, which is
-    the same code in LibTorch and PyTorch."""
+    uint8 -> [-1, 1] conversion, and the draw of timesteps, noise and label dropout (trainer.cpp
+    draw_step_inputs -> models/flow_matching.cpp draw_flow_matching_inputs_per_row: each row of the
+    global batch from its own CPU generator seeded with step_seed(seed, 0, step, row), drawing t,
+    then the row's noise, then its dropout uniform), all from torch's CPU generator, which is the
+    same code in LibTorch and PyTorch. For data-parallel rank 0 of a world of 1."""
 
     def __init__(self, cfg: dict):
         self.seed = int(cfg["run.seed"])
@@ -162,18 +165,30 @@ class FlowtrainSyntheticRun:
         micro = self.batch // self.accum
         for m in range(self.accum):
             x0, y = images[m * micro:(m + 1) * micro], labels[m * micro:(m + 1) * micro]
-            gen = torch.Generator().manual_seed(step_seed(self.seed, 0, step, m))
-            if self.timesteps == "uniform":
-                t = torch.rand(micro, generator=gen)
-            else:
-                t = torch.sigmoid(torch.randn(micro, generator=gen) * self.logit_std + self.logit_mean)
-            if self.shift != 1.0:
-                t = self.shift * t / (1 + (self.shift - 1) * t)
-            noise = torch.randn(x0.shape, generator=gen)
-            if self.dropout > 0:
-                drop = torch.rand(micro, generator=gen) < self.dropout
+            t, noise, drop = self.draw(step, first_row=m * micro, x0=x0)
+            if drop is not None:
                 y = torch.where(drop, torch.full_like(y, self.num_classes), y)
             yield x0, y, t, noise
+
+    def draw(self, step: int, first_row: int, x0: torch.Tensor):
+        """(t [B] float32, noise like x0, dropout mask [B] or None) of rows [first_row, first_row + B)
+        of step `step`'s global batch: draw_flow_matching_inputs_per_row with the trainer's seeds."""
+        ts, noises, drops = [], [], []
+        for i in range(x0.shape[0]):
+            gen = torch.Generator().manual_seed(step_seed(self.seed, 0, step, first_row + i))
+            if self.timesteps == "uniform":
+                t = torch.rand(1, generator=gen, dtype=torch.float32)
+            else:
+                t = torch.sigmoid(torch.randn(1, generator=gen, dtype=torch.float32) * self.logit_std
+                                  + self.logit_mean)
+            if self.shift != 1.0:
+                t = self.shift * t / (1 + (self.shift - 1) * t)
+            ts.append(t)
+            noises.append(torch.randn(x0.shape[1:], generator=gen, dtype=x0.dtype))
+            if self.dropout > 0:
+                drops.append(torch.rand(1, generator=gen, dtype=torch.float32))
+        drop = torch.cat(drops) < self.dropout if self.dropout > 0 else None
+        return torch.cat(ts), torch.stack(noises), drop
 
 
 def check_trained_run(run_dir: str, meta: dict, dump: dict, device: torch.device) -> tuple[bool, str]:
@@ -410,6 +425,7 @@ def main() -> int:
         "import_s": import_s,
         "compile_s": compile_s,
         "torch_version": torch.__version__,
+        "grad_accum": accum,
     }
     mib = 1 / 1048576
     print(f"{implementation} on {device} (fp32, {report['threads']} threads) | batch {batch} x {tokens_per_sample} "

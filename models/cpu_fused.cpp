@@ -1,5 +1,7 @@
 #include "models/cpu_fused.h"
 
+#include "models/cpu_simd.h"
+
 #include <ATen/Parallel.h>
 #include <torch/csrc/autograd/custom_function.h>
 
@@ -13,49 +15,34 @@ namespace flowtrain::models::cpu_fused {
 // gate are rows of [B, D] views with unit inner stride (chunks of the adaLN linear's output, row
 // stride `mod_stride`). fp32 throughout, the same operation order as the ATen composition
 // (x̂ = (x − μ)·σ⁻¹, then x̂·(1 + scale), then + shift; x + gate·y), no FMA contraction (ISO C++
-// mode), so the forward differs from the composition only in how μ and σ² are summed. Each
-// kernel is compiled for AVX2 and for the x86-64 baseline and picked at load time (target_clones).
+// mode), so the forward differs from the composition only in how μ and σ² are summed.
 // Reductions over tokens (∂shift, ∂scale, ∂gate) go through per-task partial sums of
 // kRowsPerTask tokens, a split that does not depend on the thread count: results are the same
 // for any number of threads.
 namespace {
 
-// The helpers below are always inlined into the kernels, so the ABI of passing 32-byte vectors
-// between functions compiled for different targets (-Wpsabi) never arises.
-#pragma GCC diagnostic ignored "-Wpsabi"
-using v8sf = float __attribute__((vector_size(32)));
+using namespace simd;
 constexpr int64_t kRowsPerTask = 64;
-
-inline v8sf load8(const float* p) {
-  v8sf v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
-inline void store8(float* p, v8sf v) { std::memcpy(p, &v, sizeof v); }
-inline v8sf splat8(float f) { return v8sf{f, f, f, f, f, f, f, f}; }
-inline float hsum8(v8sf v) {
-  return ((v[0] + v[1]) + (v[2] + v[3])) + ((v[4] + v[5]) + (v[6] + v[7]));
-}
 
 // y = LN(x)·(1 + scale_b) + shift_b for rows [r0, r1); also μ and σ⁻¹ per row.
 __attribute__((target_clones("avx2", "default"))) void adaln_forward_rows(
     const float* x, const float* shift, const float* scale, int64_t mod_stride, float* y, float* mean,
     float* rstd, int64_t N, int64_t D, float eps, int64_t r0, int64_t r1) {
   const int64_t D8 = D - D % 8;
-  const v8sf one = splat8(1.0f);
+  const v8sf one = FT_SPLAT8(1.0f);
   for (int64_t r = r0; r < r1; ++r) {
     const float* xr = x + r * D;
     float* yr = y + r * D;
     const float* sh = shift + (r / N) * mod_stride;
     const float* sc = scale + (r / N) * mod_stride;
-    v8sf acc = splat8(0.0f);
+    v8sf acc = FT_SPLAT8(0.0f);
     int64_t d = 0;
     for (; d < D8; d += 8) acc += load8(xr + d);
     float sum = hsum8(acc);
     for (; d < D; ++d) sum += xr[d];
     const float m = sum / float(D);
-    const v8sf vm = splat8(m);
-    acc = splat8(0.0f);
+    const v8sf vm = FT_SPLAT8(m);
+    acc = FT_SPLAT8(0.0f);
     for (d = 0; d < D8; d += 8) {
       const v8sf c = load8(xr + d) - vm;
       acc += c * c;
@@ -63,7 +50,7 @@ __attribute__((target_clones("avx2", "default"))) void adaln_forward_rows(
     float sq = hsum8(acc);
     for (; d < D; ++d) sq += (xr[d] - m) * (xr[d] - m);
     const float rs = 1.0f / std::sqrt(sq / float(D) + eps);
-    const v8sf vr = splat8(rs);
+    const v8sf vr = FT_SPLAT8(rs);
     for (d = 0; d < D8; d += 8)
       store8(yr + d, ((load8(xr + d) - vm) * vr) * (one + load8(sc + d)) + load8(sh + d));
     for (; d < D; ++d) yr[d] = ((xr[d] - m) * rs) * (1.0f + sc[d]) + sh[d];
@@ -79,7 +66,7 @@ __attribute__((target_clones("avx2", "default"))) void adaln_backward_rows(
     const float* g, const float* x, const float* mean, const float* rstd, const float* scale, float* dx,
     float* dshift, float* dscale, int64_t D, int64_t r0, int64_t r1) {
   const int64_t D8 = D - D % 8;
-  const v8sf one = splat8(1.0f);
+  const v8sf one = FT_SPLAT8(1.0f);
   std::memset(dshift, 0, sizeof(float) * D);
   std::memset(dscale, 0, sizeof(float) * D);
   for (int64_t r = r0; r < r1; ++r) {
@@ -87,8 +74,8 @@ __attribute__((target_clones("avx2", "default"))) void adaln_backward_rows(
     const float* xr = x + r * D;
     float* dxr = dx + r * D;
     const float m = mean[r], rs = rstd[r];
-    const v8sf vm = splat8(m), vr = splat8(rs);
-    v8sf a1 = splat8(0.0f), a2 = splat8(0.0f);
+    const v8sf vm = FT_SPLAT8(m), vr = FT_SPLAT8(rs);
+    v8sf a1 = FT_SPLAT8(0.0f), a2 = FT_SPLAT8(0.0f);
     int64_t d = 0;
     for (; d < D8; d += 8) {
       const v8sf gg = load8(gr + d), xh = (load8(xr + d) - vm) * vr, gh = gg * (one + load8(scale + d));
@@ -106,7 +93,7 @@ __attribute__((target_clones("avx2", "default"))) void adaln_backward_rows(
       dscale[d] += gr[d] * xh;
     }
     const float c1 = s1 / float(D), c2 = s2 / float(D);
-    const v8sf vc1 = splat8(c1), vc2 = splat8(c2);
+    const v8sf vc1 = FT_SPLAT8(c1), vc2 = FT_SPLAT8(c2);
     for (d = 0; d < D8; d += 8) {
       const v8sf xh = (load8(xr + d) - vm) * vr, gh = load8(gr + d) * (one + load8(scale + d));
       store8(dxr + d, vr * ((gh - vc1) - xh * vc2));

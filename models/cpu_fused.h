@@ -1,6 +1,7 @@
 #pragma once
-// Fused fp32 CPU kernels, with their own autograd, for the elementwise parts of a DiT block:
-// adaLN modulation (LayerNorm + shift/scale) and the gated residual.
+// Fused fp32 CPU kernels, with their own autograd, for the parts of a DiT block where ATen's
+// CPU path moves more memory than it computes: adaLN modulation (LayerNorm + shift/scale), the
+// gated residual, and attention over short sequences (cpu_attention.cpp).
 // These are memory-bound passes over [B, N, D] activations; ATen runs each as 2–4 separate
 // kernels (each a full pass over memory, plus saved intermediates and broadcast-gradient
 // reductions), these run one pass each way. layers.h picks them for fp32 CPU tensors and
@@ -22,5 +23,14 @@ at::Tensor adaln_modulate(const at::Tensor& x, const at::Tensor& shift, const at
 
 // x + gate·y with gate [B, D] broadcast over tokens.
 at::Tensor gated_residual(const at::Tensor& x, const at::Tensor& gate, const at::Tensor& y);
+
+// Self-attention of every head, softmax(q·kᵀ/√Dh)·v, read straight from the qkv projection's
+// output [B, N, 3·D] (= [B, N, 3, H, Dh], timm's layout) and returned as [B, N, D] (heads
+// concatenated: the proj layer's input); ∂qkv comes back in the same layout. Saves qkv and the
+// [B, H, N, N] probabilities. For fp32 CPU, head dim % 8 == 0 and N ≤ kQkvAttentionMaxTokens:
+// beyond that, ATen's flash kernel (which never holds N×N) wins — measured in docs/perf.md.
+constexpr int64_t kQkvAttentionMaxTokens = 128;
+bool supports_qkv_attention(const at::Tensor& qkv, int64_t heads);
+at::Tensor qkv_attention(const at::Tensor& qkv, int64_t heads);
 
 }  // namespace flowtrain::models::cpu_fused

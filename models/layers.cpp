@@ -14,12 +14,20 @@ at::Tensor math_attention(const at::Tensor& q, const at::Tensor& k, const at::Te
   return at::matmul(at::softmax(at::matmul(q * scale, k.transpose(-2, -1)), -1), v);
 }
 
-AttentionFn default_attention() {
-  return [](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
-    const bool short_cpu = q.device().is_cpu() && q.scalar_type() == at::kFloat &&
-                           std::max(q.size(-2), k.size(-2)) <= kMathAttentionMaxTokens;
-    return short_cpu ? math_attention(q, k, v) : at::scaled_dot_product_attention(q, k, v);
-  };
+namespace {
+at::Tensor default_attention_kernel(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+  const bool short_cpu = q.device().is_cpu() && q.scalar_type() == at::kFloat &&
+                         std::max(q.size(-2), k.size(-2)) <= kMathAttentionMaxTokens;
+  return short_cpu ? math_attention(q, k, v) : at::scaled_dot_product_attention(q, k, v);
+}
+using AttentionKernelPtr = at::Tensor (*)(const at::Tensor&, const at::Tensor&, const at::Tensor&);
+}  // namespace
+
+AttentionFn default_attention() { return AttentionFn(&default_attention_kernel); }
+
+bool is_default_attention(const AttentionFn& fn) {
+  const AttentionKernelPtr* target = fn.target<AttentionKernelPtr>();
+  return target != nullptr && *target == &default_attention_kernel;
 }
 
 torch::nn::Linear make_linear(int64_t in_features, int64_t out_features, bool bias) {
@@ -122,7 +130,10 @@ at::Tensor AttentionImpl::forward(const at::Tensor& x) {
   // (views, no copy). unbind rather than permute + index: its backward stacks the three
   // gradients straight into the [B, N, 3·D] layout of the qkv output (indexing would build three
   // zero-filled [3, B, H, N, Dh] tensors, add them and copy the sum back to [B, N, 3·D]).
-  const auto qkv_parts = linear_forward(qkv, x).reshape({B, N, 3, heads, D / heads}).unbind(2);
+  const at::Tensor qkv_out = linear_forward(qkv, x);
+  if (is_default_attention(attention) && cpu_fused::supports_qkv_attention(qkv_out, heads))
+    return linear_forward(proj, cpu_fused::qkv_attention(qkv_out, heads));  // same math, no transposes
+  const auto qkv_parts = qkv_out.reshape({B, N, 3, heads, D / heads}).unbind(2);
   at::Tensor out = attention(qkv_parts[0].transpose(1, 2), qkv_parts[1].transpose(1, 2),
                              qkv_parts[2].transpose(1, 2));  // [B, H, N, Dh]
   return linear_forward(proj, out.transpose(1, 2).reshape({B, N, D}));

@@ -23,10 +23,11 @@ using AttentionFn =
     std::function<at::Tensor(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v)>;
 // at::scaled_dot_product_attention, except for short fp32 sequences on the CPU: there ATen's
 // CPU flash kernel loses to the plain composition (batched GEMMs + softmax) by 1.1–3× for
-// N ≤ 144 tokens (measured fwd+bwd, 2 threads, docs/perf.md), so N ≤ kMathAttentionMaxTokens
-// takes math_attention. The tokens of the default Fashion config (49) and of 256px DiT-XL/2
-// latents on a CPU smoke run are on either side of it.
+// N ≤ 144 tokens (fwd+bwd, 2 threads; docs/perf.md), so N ≤ kMathAttentionMaxTokens takes
+// math_attention. (The DiT Attention module goes one step further on that path: with the
+// default attention it runs cpu_fused::qkv_attention on the qkv output, skipping the transposes.)
 AttentionFn default_attention();
+bool is_default_attention(const AttentionFn& fn);
 constexpr int64_t kMathAttentionMaxTokens = 128;
 // softmax((q/√Dh)·kᵀ)·v with explicit GEMMs (keeps the [B, H, N, N] probabilities for backward).
 at::Tensor math_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v);

@@ -1,10 +1,12 @@
 // DiT against independent float64 computations of the reference formulas
 // (facebookresearch/DiT models.py) and the reference parameter names.
+#include "models/cpu_fused.h"
 #include "models/dit.h"
 
 #include <gtest/gtest.h>
 #include <torch/csrc/autograd/autograd.h>
 
+#include <array>
 #include <cmath>
 #include <set>
 
@@ -222,6 +224,42 @@ TEST(DiTMath, DefaultAttentionMatchesFloat64OnBothSidesOfTheMathThreshold) {
     for (size_t i = 0; i < 3; ++i)
       EXPECT_TRUE(at::allclose(got.grads[i].to(at::kDouble), ref.grads[i], 1e-5, 1e-6)) << "N " << N << " input " << i;
   }
+}
+
+// The fused short-sequence attention (cpu_fused::qkv_attention: reads [B, N, 3, H, Dh], writes
+// [B, N, H·Dh]) against softmax(q·kᵀ/√Dh)·v per head in float64, values and ∂qkv. N = 9, 49 and
+// the limit 128 cover the 8-lane loops' tails; Dh = 8 and 40 the 32- and 8-column GEMM paths.
+// Tolerance: fp32 rounding of O(1) scores through Dh- and N-term sums, well under 1e-5.
+TEST(DiTMath, FusedQkvAttentionMatchesFloat64PerHead) {
+  at::manual_seed(9);
+  for (auto [N, H, Dh] : std::vector<std::array<int64_t, 3>>{{9, 3, 8}, {49, 2, 40}, {cpu_fused::kQkvAttentionMaxTokens, 2, 8}}) {
+    const int64_t B = 2, D = H * Dh;
+    at::Tensor qkv = at::randn({B, N, 3 * D}), w = at::randn({B, N, D});
+    ASSERT_TRUE(cpu_fused::supports_qkv_attention(qkv, H));
+    auto fused = [H](const std::vector<at::Tensor>& in) { return cpu_fused::qkv_attention(in[0], H); };
+    auto reference = [=](const std::vector<at::Tensor>& in) {
+      auto parts = in[0].view({B, N, 3, H, Dh}).unbind(2);  // q, k, v [B, N, H, Dh]
+      at::Tensor q = parts[0].transpose(1, 2), k = parts[1].transpose(1, 2), v = parts[2].transpose(1, 2);
+      at::Tensor p = at::softmax(at::matmul(q, k.transpose(-2, -1)) / std::sqrt(double(Dh)), -1);
+      return at::matmul(p, v).transpose(1, 2).reshape({B, N, D});
+    };
+    Grads got = run_with_grads(fused, {qkv}, w), ref = run_with_grads(reference, to_double({qkv}), w);
+    EXPECT_TRUE(at::allclose(got.out.to(at::kDouble), ref.out, 1e-5, 1e-6)) << "N " << N << " Dh " << Dh;
+    EXPECT_TRUE(at::allclose(got.grads[0].to(at::kDouble), ref.grads[0], 1e-5, 1e-6)) << "N " << N << " Dh " << Dh;
+  }
+  // Outside its domain the module falls back to the generic path; the check says so.
+  EXPECT_FALSE(cpu_fused::supports_qkv_attention(at::randn({1, cpu_fused::kQkvAttentionMaxTokens + 1, 48}), 2));
+  EXPECT_FALSE(cpu_fused::supports_qkv_attention(at::randn({1, 9, 36}), 2));  // Dh = 6
+  EXPECT_FALSE(cpu_fused::supports_qkv_attention(at::randn({1, 9, 48}, at::kDouble), 2));
+}
+
+TEST(DiTMath, DefaultAttentionIsRecognisedAndInjectedOnesAreNot) {
+  EXPECT_TRUE(is_default_attention(default_attention()));
+  AttentionFn custom = [](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+    return at::scaled_dot_product_attention(q, k, v);
+  };
+  EXPECT_FALSE(is_default_attention(custom));
+  EXPECT_FALSE(is_default_attention(AttentionFn()));
 }
 
 // Tokens come out token-major and contiguous (a transposed view would make every later
