@@ -35,7 +35,7 @@ int64_t round_up8(int64_t n) { return (n + 7) / 8 * 8; }
 
 // A block of C: rows m0..m0+MR−1, columns c0..c0+8·NV−1, C = alpha · Σ_k A(m, k)·B[k][:], where
 // A(m, k) = a[m·lda + k], or a[k·lda + m] when kTransposedA. MR·NV independent accumulators
-// (8 for the main block) keep both FMA pipes busy; per k, MR broadcasts and NV loads feed
+// (12 for the main block) keep both FMA pipes busy; per k, MR broadcasts and NV loads feed
 // MR·NV multiply-adds.
 template <bool kTransposedA, int MR, int NV>
 __attribute__((always_inline)) inline void gemm_block(int64_t m0, int64_t c0, int64_t K, const v8sf& alpha,
@@ -75,7 +75,8 @@ __attribute__((always_inline)) inline void gemm_rows(int64_t m0, int64_t cols, i
 
 // C[m][0:cols] = alpha · Σ_k A(m, k)·B[k][0:cols] for m < M (the sum over k in order), where
 // A(m, k) = a[m·lda + k], or a[k·lda + m] when kTransposedA. cols % 8 == 0; rows of B are ldb
-// apart, rows of C ldc apart. Blocks of 4 rows × 16 columns, then the row and column tails.
+// apart, rows of C ldc apart. Blocks of 6 rows × 16 columns (12 accumulators), then the row
+// (2, 1) and column (8) tails.
 template <bool kTransposedA>
 __attribute__((always_inline)) inline void small_gemm(int64_t M, int64_t cols, int64_t K, float alpha, const float* a,
                                                       int64_t lda, const float* b, int64_t ldb, float* c, int64_t ldc) {

@@ -27,9 +27,10 @@ at::Tensor gated_residual(const at::Tensor& x, const at::Tensor& gate, const at:
 // Self-attention of every head, softmax(q·kᵀ/√Dh)·v, read straight from the qkv projection's
 // output [B, N, 3·D] (= [B, N, 3, H, Dh], timm's layout) and returned as [B, N, D] (heads
 // concatenated: the proj layer's input); ∂qkv comes back in the same layout. Saves qkv and the
-// [B, H, N, N] probabilities. For fp32 CPU, head dim % 8 == 0 and N ≤ kQkvAttentionMaxTokens:
-// beyond that, ATen's flash kernel (which never holds N×N) wins — measured in docs/perf.md.
-constexpr int64_t kQkvAttentionMaxTokens = 128;
+// [B, H, N, N] probabilities. For fp32 CPU with AVX2 + FMA, head dim % 8 == 0 and
+// N ≤ kQkvAttentionMaxTokens, the range where it was measured to beat the explicit-GEMM
+// composition (49 tokens, docs/perf.md); longer sequences take default_attention (layers.h).
+constexpr int64_t kQkvAttentionMaxTokens = 64;
 bool supports_qkv_attention(const at::Tensor& qkv, int64_t heads);
 at::Tensor qkv_attention(const at::Tensor& qkv, int64_t heads);
 

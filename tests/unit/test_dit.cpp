@@ -228,7 +228,8 @@ TEST(DiTMath, DefaultAttentionMatchesFloat64OnBothSidesOfTheMathThreshold) {
 
 // The fused short-sequence attention (cpu_fused::qkv_attention: reads [B, N, 3, H, Dh], writes
 // [B, N, H·Dh]) against softmax(q·kᵀ/√Dh)·v per head in float64, values and ∂qkv. N = 9, 49 and
-// the limit 128 cover the 8-lane loops' tails; Dh = 8 and 40 the 32- and 8-column GEMM paths.
+// the limit (64) cover the 8-lane loops' tails and the 6-, 2- and 1-row blocks; Dh = 8 and 40 the
+// 16- and 8-column blocks.
 // Tolerance: fp32 rounding of O(1) scores through Dh- and N-term sums, well under 1e-5.
 TEST(DiTMath, FusedQkvAttentionMatchesFloat64PerHead) {
   at::manual_seed(9);
