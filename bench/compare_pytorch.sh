@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # flowtrain against plain PyTorch on the same machine, threads, batch, config and initial weights.
 #
-#   bench/compare_pytorch.sh CONFIG [STEPS] [WARMUP] [--no-compile] [--no-network-check] [-- FLOWTRAIN ARGS...]
+#   bench/compare_pytorch.sh CONFIG [STEPS] [WARMUP] [--no-compile] [--no-network-check] [--rounds K]
+#                            [-- FLOWTRAIN ARGS...]
 #
 # 1. `flowtrain bench -c CONFIG --synthetic` times STEPS training steps after WARMUP (defaults 20
 #    and 3) and writes a parity dump: its initial weights and first micro-batch (x0, labels, t,
@@ -14,7 +15,10 @@
 #    checks the step-6 loss on the step-5 weights (--check-run; --no-network-check skips it).
 # 3. Timing: the peer times the same step in eager PyTorch with flowtrain's thread count and
 #    device, then under torch.compile unless --no-compile (a compile failure is reported, not fatal).
-# 4. A table, the parity lines and, last, the ratio lines
+# 4. --rounds K (default 1): K−1 more timing rounds, each flowtrain bench then the eager peer
+#    back to back, so that both sides of a pair see the same machine weather (on a shared VM the
+#    speed drifts by ±10% over minutes); the summary gives each pair's ratio and their median.
+# 5. A table, the parity lines and, last, the ratio lines
 #    `flowtrain/pytorch-eager step time ratio: X.XX (memory ratio Y.YY)` (< 1: flowtrain faster).
 #
 # Environment: FLOWTRAIN_BIN (default build/flowtrain), FLOWTRAIN_DEPS (default
@@ -23,12 +27,13 @@
 # Exit status: 0 ok; 1 a parity FAIL or a failed run; 2 usage.
 set -euo pipefail
 
-usage() { sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+usage() { sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-positional=() extra=() compile=1 network_check=1
+positional=() extra=() compile=1 network_check=1 rounds=1
 while (($#)); do
   case "$1" in
+    --rounds) shift; rounds="${1:-}" ;;
     --no-compile) compile=0 ;;
     --no-network-check) network_check=0 ;;
     -h|--help) usage ;;
@@ -43,6 +48,7 @@ STEPS="${positional[1]:-20}"
 WARMUP="${positional[2]:-3}"
 [[ -f "$CONFIG" ]] || { echo "compare_pytorch: no config file '$CONFIG'" >&2; exit 2; }
 [[ "$STEPS" =~ ^[0-9]+$ && "$STEPS" -ge 1 && "$WARMUP" =~ ^[0-9]+$ ]] || usage
+[[ "$rounds" =~ ^[0-9]+$ && "$rounds" -ge 1 ]] || { echo "compare_pytorch: --rounds needs a positive integer" >&2; exit 2; }
 
 BIN="${FLOWTRAIN_BIN:-build/flowtrain}"
 [[ -x "$BIN" || "$BIN" = /* ]] || BIN="$ROOT/$BIN"  # relative: from the cwd, else from the repo root
@@ -131,6 +137,24 @@ run_peer() {  # run_peer NAME [ARGS...] -> 0 ok, 1 parity FAIL or error, 3 compi
 
 peers=(eager)
 run_peer eager || status=1
+
+# ---- more paired rounds (--rounds) -----------------------------------------------------------
+for ((r = 2; r <= rounds; r++)); do
+  echo "== round $r/$rounds: flowtrain bench, then the eager peer"
+  if ! "$BIN" bench -c "$CONFIG" --synthetic --steps "$STEPS" --warmup "$WARMUP" --json "$tmp/round$r.flowtrain.json" \
+      "${extra[@]}" >"$tmp/round$r.flowtrain.out" 2>"$tmp/round$r.flowtrain.log"; then
+    tail -n 20 "$tmp/round$r.flowtrain.log" >&2
+    echo "compare_pytorch: flowtrain bench failed in round $r" >&2
+    exit 1
+  fi
+  if ! "$PY" "$ROOT/bench/pytorch_peer.py" --dump "$tmp/parity.safetensors" --steps "$STEPS" --warmup "$WARMUP" \
+      --threads "$THREADS" --device "$DEVICE" --json "$tmp/round$r.eager.json" \
+      >"$tmp/round$r.eager.out" 2>"$tmp/round$r.eager.log"; then
+    tail -n 20 "$tmp/round$r.eager.log" >&2
+    echo "compare_pytorch: the eager peer failed in round $r" >&2
+    exit 1
+  fi
+done
 if ((compile)); then
   rc=0
   run_peer compile --compile || rc=$?
@@ -142,10 +166,10 @@ fi
 
 # ---- summary: table, parity, ratios last -----------------------------------------------------
 echo
-"$PY" - "$tmp" "${peers[@]}" <<'EOF'
-import json, os, sys
+"$PY" - "$tmp" "$rounds" "${peers[@]}" <<'EOF'
+import json, os, statistics, sys
 
-tmp, peers = sys.argv[1], sys.argv[2:]
+tmp, rounds, peers = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
 hz = os.sysconf("SC_CLK_TCK")
 
 
@@ -199,6 +223,17 @@ if rows[1:] and grad_accum == 1 and ft["first_loss"] != rows[1][1]["reference_lo
 for name, r in rows[1:]:
     print(f"flowtrain/{name} step time ratio: {ft['step_time_median_s'] / r['step_time_median_s']:.2f} "
           f"(memory ratio {ft['peak_memory_bytes'] / r['peak_memory_bytes']:.2f})")
+if rounds > 1 and "eager" in peers:
+    pairs = [(ft["step_time_median_s"], json.load(open(os.path.join(tmp, "eager.json")))["step_time_median_s"])]
+    for k in range(2, rounds + 1):
+        f = json.load(open(os.path.join(tmp, f"round{k}.flowtrain.json")))
+        e = json.load(open(os.path.join(tmp, f"round{k}.eager.json")))
+        pairs.append((f["step_time_median_s"], e["step_time_median_s"]))
+    ratios = [f / e for f, e in pairs]
+    print(f"paired rounds (flowtrain s / eager s): "
+          + ", ".join(f"{f:.4f}/{e:.4f}={f / e:.2f}" for f, e in pairs))
+    print(f"flowtrain/pytorch-eager step time ratio, median of {rounds} paired rounds: "
+          f"{statistics.median(ratios):.2f} (range {min(ratios):.2f}-{max(ratios):.2f})")
 EOF
 if ((status != 0)); then echo "compare_pytorch: a parity FAIL or a failed run (see above)" >&2; fi
 exit "$status"
