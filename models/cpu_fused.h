@@ -1,7 +1,8 @@
 #pragma once
 // Fused fp32 CPU kernels, with their own autograd, for the parts of a DiT block where ATen's
 // CPU path moves more memory than it computes: adaLN modulation (LayerNorm + shift/scale), the
-// gated residual, and attention over short sequences (cpu_attention.cpp).
+// gated residual, attention over short sequences (cpu_attention.cpp) and the MLP's GELU
+// (cpu_gelu.cpp).
 // These are memory-bound passes over [B, N, D] activations; ATen runs each as 2–4 separate
 // kernels (each a full pass over memory, plus saved intermediates and broadcast-gradient
 // reductions), these run one pass each way. layers.h picks them for fp32 CPU tensors and
@@ -33,5 +34,10 @@ at::Tensor gated_residual(const at::Tensor& x, const at::Tensor& gate, const at:
 constexpr int64_t kQkvAttentionMaxTokens = 64;
 bool supports_qkv_attention(const at::Tensor& qkv, int64_t heads);
 at::Tensor qkv_attention(const at::Tensor& qkv, int64_t heads);
+
+// GELU, tanh approximation (at::gelu(x, "tanh")), written as x·σ(2u): one exponential per
+// element forward and backward, saves x. fp32 CPU tensors on AVX2 + FMA CPUs; ~1 ulp from ATen's.
+bool supports_gelu_tanh(const at::Tensor& x);
+at::Tensor gelu_tanh(const at::Tensor& x);
 
 }  // namespace flowtrain::models::cpu_fused

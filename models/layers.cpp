@@ -145,7 +145,8 @@ MlpImpl::MlpImpl(int64_t hidden, int64_t mlp_hidden) {
 }
 
 at::Tensor MlpImpl::forward(const at::Tensor& x) {
-  return linear_forward(fc2, at::gelu(linear_forward(fc1, x), "tanh"));
+  const at::Tensor h = linear_forward(fc1, x);
+  return linear_forward(fc2, cpu_fused::supports_gelu_tanh(h) ? cpu_fused::gelu_tanh(h) : at::gelu(h, "tanh"));
 }
 
 }  // namespace flowtrain::models

@@ -263,6 +263,23 @@ TEST(DiTMath, DefaultAttentionIsRecognisedAndInjectedOnesAreNot) {
   EXPECT_FALSE(is_default_attention(AttentionFn()));
 }
 
+// The MLP's GELU(tanh) kernel (x·σ(2u), own exp) against at::gelu(x, "tanh") in float64, values
+// and gradients, over x in [−12, 12] (both saturated tails and the curved middle) and a length
+// that is not a multiple of 8 (the scalar tail). Tolerance: the kernel's exp and division are
+// within ~2 ulp (fp32 u = 6e−8) of exact, on values and derivatives of size ≤ 12 and ≤ 1.2:
+// 2e−6 absolute bounds both.
+TEST(DiTMath, FusedGeluTanhMatchesFloat64) {
+  if (!cpu_fused::supports_gelu_tanh(at::zeros({1}))) GTEST_SKIP() << "CPU without AVX2+FMA";
+  at::Tensor x = at::linspace(-12, 12, 100003);
+  at::Tensor w = at::randn({100003});
+  auto fused = [](const std::vector<at::Tensor>& in) { return cpu_fused::gelu_tanh(in[0]); };
+  auto reference = [](const std::vector<at::Tensor>& in) { return at::gelu(in[0], "tanh"); };
+  Grads got = run_with_grads(fused, {x}, w), ref = run_with_grads(reference, to_double({x}), w);
+  EXPECT_LT((got.out.to(at::kDouble) - ref.out).abs().max().item<double>(), 2e-6);
+  EXPECT_LT(((got.grads[0].to(at::kDouble) - ref.grads[0]) / w.to(at::kDouble).abs().clamp_min(1e-3)).abs().max().item<double>(), 2e-6);
+  EXPECT_FALSE(cpu_fused::supports_gelu_tanh(at::zeros({1}, at::kDouble)));
+}
+
 // Tokens come out token-major and contiguous (a transposed view would make every later
 // LayerNorm and linear copy its input), in row-major patch order.
 TEST(DiTMath, PatchEmbedTokensAreContiguousRowMajor) {
