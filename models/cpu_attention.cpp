@@ -207,8 +207,7 @@ struct QkvAttentionFn : torch::autograd::Function<QkvAttentionFn> {
 }  // namespace
 
 bool supports_qkv_attention(const at::Tensor& qkv, int64_t heads) {
-  static const bool cpu_has_kernels = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  if (!cpu_has_kernels) return false;
+  if (!cpu_has_avx2_fma()) return false;
   if (!qkv.device().is_cpu() || qkv.scalar_type() != at::kFloat || qkv.dim() != 3 || heads <= 0) return false;
   if (qkv.size(2) % (3 * heads) != 0) return false;
   const int64_t head_dim = qkv.size(2) / (3 * heads);

@@ -139,18 +139,6 @@ __attribute__((target_clones("avx2", "default"))) void gated_backward_rows(
   }
 }
 
-// The fused kernels take fp32 CPU tokens [B, N, D] and per-sample [B, D] vectors.
-bool fused_cpu_ok(const at::Tensor& tokens, std::initializer_list<const at::Tensor*> per_sample,
-                  const at::Tensor* other_tokens = nullptr) {
-  auto fp32_cpu = [](const at::Tensor& t) { return t.device().is_cpu() && t.scalar_type() == at::kFloat; };
-  if (!fp32_cpu(tokens) || tokens.dim() != 3) return false;
-  if (other_tokens && (!fp32_cpu(*other_tokens) || other_tokens->sizes() != tokens.sizes())) return false;
-  for (const at::Tensor* v : per_sample) {
-    if (!fp32_cpu(*v) || v->dim() != 2 || v->size(0) != tokens.size(0) || v->size(1) != tokens.size(2)) return false;
-  }
-  return true;
-}
-
 at::Tensor unit_inner_stride(const at::Tensor& t) { return t.stride(1) == 1 ? t : t.contiguous(); }
 
 // Runs `task(b, r0, r1)` over every sample b and block of kRowsPerTask of its N rows; task
@@ -253,10 +241,15 @@ struct GatedResidualFn : torch::autograd::Function<GatedResidualFn> {
 
 }  // namespace
 
-
 bool supports(const at::Tensor& tokens, std::initializer_list<const at::Tensor*> per_sample,
               const at::Tensor* other_tokens) {
-  return fused_cpu_ok(tokens, per_sample, other_tokens);
+  auto fp32_cpu = [](const at::Tensor& t) { return t.device().is_cpu() && t.scalar_type() == at::kFloat; };
+  if (!fp32_cpu(tokens) || tokens.dim() != 3) return false;
+  if (other_tokens && (!fp32_cpu(*other_tokens) || other_tokens->sizes() != tokens.sizes())) return false;
+  for (const at::Tensor* v : per_sample) {
+    if (!fp32_cpu(*v) || v->dim() != 2 || v->size(0) != tokens.size(0) || v->size(1) != tokens.size(2)) return false;
+  }
+  return true;
 }
 
 at::Tensor adaln_modulate(const at::Tensor& x, const at::Tensor& shift, const at::Tensor& scale, double eps) {

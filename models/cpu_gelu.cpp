@@ -113,8 +113,7 @@ struct GeluTanhFn : torch::autograd::Function<GeluTanhFn> {
 }  // namespace
 
 bool supports_gelu_tanh(const at::Tensor& x) {
-  static const bool cpu_has_kernels = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  return cpu_has_kernels && x.device().is_cpu() && x.scalar_type() == at::kFloat;
+  return cpu_has_avx2_fma() && x.device().is_cpu() && x.scalar_type() == at::kFloat;
 }
 
 at::Tensor gelu_tanh(const at::Tensor& x) {

@@ -30,6 +30,12 @@ inline void store8(float* p, v8sf v) { std::memcpy(p, &v, sizeof v); }
 
 namespace flowtrain::models::simd {
 
+// Whether this CPU runs the kernels compiled for x86-64-v3 (AVX2 + FMA) regions; asked once.
+inline bool cpu_has_avx2_fma() {
+  static const bool has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  return has;
+}
+
 inline float hsum8(v8sf v) {
   return ((v[0] + v[1]) + (v[2] + v[3])) + ((v[4] + v[5]) + (v[6] + v[7]));
 }

@@ -79,10 +79,9 @@ models::TimestepSampler timestep_sampler(const FlowConfig& flow) {
   return {models::parse_timestep_distribution(flow.timesteps), flow.logit_mean, flow.logit_std, flow.shift};
 }
 
-int configure_threads(const TrainConfig& train) {
-  int threads = static_cast<int>(train.threads);
-  if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  at::set_num_threads(threads);
+namespace {
+
+void keep_activation_pages_between_steps() {
   // LibTorch's CPU tensors come straight from malloc. glibc's defaults serve blocks above a
   // dynamic threshold with fresh mmaps and trim the heap top once more than 2× that is free, so
   // every step re-faults (and the kernel zeroes) the pages of its large activations: ~2 ms per
@@ -99,6 +98,16 @@ int configure_threads(const TrainConfig& train) {
     mallopt(M_TRIM_THRESHOLD, 1 << 30);
   }
 #endif
+}
+
+}  // namespace
+
+// Every command that computes calls this once at start: threads, and the allocator with them.
+int configure_threads(const TrainConfig& train) {
+  int threads = static_cast<int>(train.threads);
+  if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  at::set_num_threads(threads);
+  keep_activation_pages_between_steps();
   return threads;
 }
 
