@@ -86,6 +86,9 @@ SlurmdUser=root
 # No munge: this build ships auth_none/cred_none, which work when everything runs as root.
 AuthType=auth/none
 CredType=cred/none
+# slurmd refuses to launch a job id it has killed until the credential lifetime has passed, and
+# slurmctld holds a requeued job for that long (default 120 s); 10 s keeps the requeue test short.
+AuthInfo=cred_expire=10
 MpiDefault=none
 # No cgroups in containers: track step processes by /proc, bind nothing.
 ProctrackType=proctrack/linuxproc
