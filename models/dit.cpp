@@ -114,6 +114,7 @@ at::Tensor DiTImpl::unpatchify(const at::Tensor& tokens) const {
 
 at::Tensor DiTImpl::forward(const at::Tensor& x, const at::Tensor& t, const at::Tensor& y) {
   at::Tensor tokens = x_embedder->forward(x) + pos_embed;                 // [B, T, D]
+  if (sequence_split.split) tokens = sequence_split.split(tokens);       // [B, T/cp, D]
   at::Tensor c = t_embedder->forward(t * options.timestep_scale) + y_embedder->forward(y);  // [B, D]
   for (int64_t i = 0; i < options.depth; ++i) {
     DiTBlockImpl* block = blocks[i]->as<DiTBlock>();
@@ -124,7 +125,9 @@ at::Tensor DiTImpl::forward(const at::Tensor& x, const at::Tensor& t, const at::
     tokens = block_runner(i, [block](const at::Tensor& x, const at::Tensor& cond) { return block->forward(x, cond); },
                           tokens, c);
   }
-  return unpatchify(final_layer->forward(tokens, c));                    // [B, C_out, H, W]
+  at::Tensor out = final_layer->forward(tokens, c);                       // [B, T, p²·C_out]
+  if (sequence_split.gather) out = sequence_split.gather(out);
+  return unpatchify(out);                                                 // [B, C_out, H, W]
 }
 
 int64_t count_parameters(const torch::nn::Module& module) {

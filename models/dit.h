@@ -69,6 +69,15 @@ using BlockCall = std::function<at::Tensor(const at::Tensor& x, const at::Tensor
 using BlockRunner =
     std::function<at::Tensor(int64_t index, const BlockCall& call, const at::Tensor& x, const at::Tensor& c)>;
 
+// How DiT::forward splits its token sequence across context-parallel ranks. Empty = the whole
+// sequence is here. The runtime installs both (parallel/context.h): `split` keeps this rank's
+// tokens after the position embedding, `gather` reassembles the final layer's output before
+// unpatchify. Every per-token op in between is local; attention gets its keys and values from
+// the other ranks through the model's AttentionFn.
+struct SequenceSplit {
+  std::function<at::Tensor(const at::Tensor& tokens)> split, gather;  // [B, T, ·] along dim 1
+};
+
 struct DiTImpl : torch::nn::Module {
   explicit DiTImpl(const DiTOptions& options, AttentionFn attention = default_attention());
 
@@ -90,6 +99,7 @@ struct DiTImpl : torch::nn::Module {
   torch::nn::ModuleList blocks{nullptr};
   FinalLayer final_layer{nullptr};
   BlockRunner block_runner;
+  SequenceSplit sequence_split;
 };
 TORCH_MODULE(DiT);
 

@@ -45,6 +45,13 @@ class Comm {
   virtual WorkHandle reduce_scatter(const at::Tensor& out, const at::Tensor& in, ReduceOp op) = 0;
   virtual WorkHandle all_reduce(const at::Tensor& tensor, ReduceOp op) = 0;
   virtual WorkHandle broadcast(const at::Tensor& tensor, int64_t root) = 0;
+  // Equal chunks along dim 0 (both contiguous, same size): chunk j of `in` goes to member j,
+  // chunk i of `out` comes from member i (its chunk number rank()).
+  virtual WorkHandle all_to_all(const at::Tensor& out, const at::Tensor& in) = 0;
+  // Point-to-point within the group (ring attention). `tag` tells apart messages in flight
+  // between the same pair; a send must be matched by a recv of the same shape and tag.
+  virtual WorkHandle send(const at::Tensor& tensor, int64_t dst, int64_t tag) = 0;
+  virtual WorkHandle recv(const at::Tensor& tensor, int64_t src, int64_t tag) = 0;
   virtual void barrier() = 0;
 };
 

@@ -81,6 +81,20 @@ class C10dComm : public Comm {
     opts.rootRank = root;
     return run("broadcast", [&] { return backend_->broadcast(ts, opts); });
   }
+  WorkHandle all_to_all(const at::Tensor& out, const at::Tensor& in) override {
+    TORCH_CHECK(out.numel() == in.numel() && in.size(0) % size() == 0, name_, ": all_to_all size mismatch");
+    at::Tensor o = out, i = in;
+    std::vector<int64_t> equal_splits;  // empty = equal chunks of dim 0
+    return run("all_to_all", [&] { return backend_->alltoall_base(o, i, equal_splits, equal_splits); });
+  }
+  WorkHandle send(const at::Tensor& tensor, int64_t dst, int64_t tag) override {
+    std::vector<at::Tensor> ts{tensor};
+    return run("send", [&] { return backend_->send(ts, static_cast<int>(dst), static_cast<int>(tag)); });
+  }
+  WorkHandle recv(const at::Tensor& tensor, int64_t src, int64_t tag) override {
+    std::vector<at::Tensor> ts{tensor};
+    return run("recv", [&] { return backend_->recv(ts, static_cast<int>(src), static_cast<int>(tag)); });
+  }
   void barrier() override { run("barrier", [&] { return backend_->barrier(); })->wait(); }
 
  private:

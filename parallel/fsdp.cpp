@@ -196,6 +196,7 @@ void FullyShardedModule::finish_backward() {
       u->reduce_work->wait();
     }
     at::Tensor reduced = u->reduce_output.to(at::kFloat);
+    if (options_.context_parallel > 1) reduced.mul_(static_cast<double>(options_.context_parallel));
     if (replicate_ && replicate_->size() > 1) {
       RECORD_USER_SCOPE("fsdp.all_reduce_replicas");
       replicate_->all_reduce(reduced, ReduceOp::Avg)->wait();

@@ -41,6 +41,11 @@ struct FsdpOptions {
   at::ScalarType compute_dtype = at::kFloat;  // dtype of the gathered weights
   at::ScalarType reduce_dtype = at::kFloat;   // dtype of the gradient reduce-scatter
   bool reduce_every_micro_batch = false;      // see set_gradient_sync
+  // Context-parallel ranks in the shard group (parallel.cp). They saw different tokens of the
+  // same samples, so their gradients are partial sums of one sample slice's gradient: summed,
+  // while data-parallel ranks' gradients (other samples) are averaged. The reduce-scatter
+  // averages over all dp_shard · cp members, then multiplies by cp.
+  int64_t context_parallel = 1;
 };
 
 // Where each parameter lives in its unit's flat buffer (also the checkpoint's layout record).

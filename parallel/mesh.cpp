@@ -39,9 +39,10 @@ int64_t Mesh::data_parallel_rank(int64_t rank) const {
 }
 
 std::vector<int64_t> Mesh::shard_group(int64_t rank) const {
-  MeshCoord c = coord(rank);
+  // Same replicate: a contiguous run of dp_shard · cp ranks (context innermost).
+  const int64_t size = shape_.dp_shard * shape_.cp, first = coord(rank).replicate * size;
   std::vector<int64_t> ranks;
-  for (c.shard = 0; c.shard < shape_.dp_shard; ++c.shard) ranks.push_back(rank_of(c));
+  for (int64_t r = first; r < first + size; ++r) ranks.push_back(r);
   return ranks;
 }
 

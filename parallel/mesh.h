@@ -4,8 +4,9 @@
 //
 //   rank = (replicate · dp_shard + shard) · cp + context
 //
-// Parameters are sharded over dp_shard (× cp, as TorchTitan does, once cp > 1), gradients
-// are reduce-scattered over the shard group and all-reduced over the replicate group (HSDP).
+// Parameters are sharded over dp_shard × cp (as TorchTitan does), gradients are reduce-scattered
+// over that shard group (summed over its context ranks, averaged over its data-parallel ones)
+// and all-reduced over the replicate group (HSDP).
 #pragma once
 
 #include <cstdint>
@@ -44,7 +45,11 @@ class Mesh {
   int64_t data_parallel_rank(int64_t rank) const;
 
   // Members (global ranks, ascending) of the groups that contain `rank`.
-  std::vector<int64_t> shard_group(int64_t rank) const;      // same replicate, same context
+  // The ranks parameters are sharded over: same replicate, i.e. dp_shard × cp of them. The
+  // context ranks of a sample slice hold different tokens but the same weights, so they share
+  // the sharding work as data-parallel ranks do (TorchTitan shards over dp_shard × cp too).
+  std::vector<int64_t> shard_group(int64_t rank) const;
+
   std::vector<int64_t> replicate_group(int64_t rank) const;  // same shard, same context
   std::vector<int64_t> context_group(int64_t rank) const;    // same replicate, same shard
   std::string describe() const;  // "dp_replicate 2 × dp_shard 2 × cp 1 = 4"

@@ -39,7 +39,25 @@ models::DiTOptions dit_options(const ModelConfig& m) {
   return o;
 }
 
-models::DiT build_model(const ModelConfig& model) { return models::DiT(dit_options(model)); }
+std::string context_attention_kind(const Config& c) {
+  const models::DiTOptions o = dit_options(c.model);
+  const int64_t cp = c.parallel.cp;
+  if (o.num_tokens() % cp != 0)
+    throw ConfigError(fmt::format("'parallel.cp' {} does not split the model's {} tokens ((model.image_size {} / "
+                                  "model.patch {})²) evenly",
+                                  cp, o.num_tokens(), o.input_size, o.patch));
+  const bool heads_split = o.heads % cp == 0;
+  if (c.parallel.cp_attention == "ulysses" && !heads_split)
+    throw ConfigError(fmt::format("'parallel.cp_attention' ulysses needs the {} heads to split over 'parallel.cp' {}; "
+                                  "use ring (or auto)",
+                                  o.heads, cp));
+  if (c.parallel.cp_attention == "auto") return heads_split ? "ulysses" : "ring";
+  return c.parallel.cp_attention;
+}
+
+models::DiT build_model(const ModelConfig& model, models::AttentionFn attention) {
+  return models::DiT(dit_options(model), std::move(attention));
+}
 
 std::shared_ptr<const data::ImageDataset> build_dataset(const Config& c) {
   auto dataset = std::make_shared<data::ImageDataset>();

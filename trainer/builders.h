@@ -20,7 +20,14 @@ namespace flowtrain::trainer {
 c10::Device select_device(const RunConfig& run, int64_t local_rank = -1);
 
 models::DiTOptions dit_options(const ModelConfig& model);
-models::DiT build_model(const ModelConfig& model);
+// `attention` is what every block's attention calls (context-parallel runs pass theirs).
+models::DiT build_model(const ModelConfig& model, models::AttentionFn attention = models::default_attention());
+
+// parallel.cp_attention resolved for the model: "ulysses" or "ring" ("auto": Ulysses when the
+// heads split over parallel.cp, else ring). Throws ConfigError naming the keys when the model's
+// token count does not split evenly over parallel.cp, or Ulysses is asked for and the heads do
+// not. Only meaningful for parallel.cp > 1.
+std::string context_attention_kind(const Config& config);
 
 // Loads data.source; checks the images fit model.in_channels / image_size / num_classes and
 // throws ConfigError naming the key otherwise.

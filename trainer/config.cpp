@@ -305,6 +305,8 @@ std::vector<Section> build_schema() {
                   .add("dp_shard", &ParallelConfig::dp_shard, at_least(-1),
                        "ranks sharing one copy of the weights; -1 = the rest of the world")
                   .add("cp", &ParallelConfig::cp, at_least(1), "context-parallel ranks (sequence split)")
+                  .add("cp_attention", &ParallelConfig::cp_attention, one_of({"auto", "ulysses", "ring"}),
+                       "with cp > 1: auto = ulysses when heads % cp == 0, else ring")
                   .add("fsdp", &ParallelConfig::fsdp, one_of({"auto", "on"}),
                        "auto = shard when world > 1; on = also at world 1")
                   .add("reshard_after_forward", &ParallelConfig::reshard_after_forward, any(),

@@ -1,5 +1,6 @@
 // TrainState under FSDP: the DiT's blocks are units, everything else the root unit; AdamW and
 // the EMA see only this rank's fp32 shards.
+#include "parallel/context.h"
 #include "parallel/fsdp.h"
 #include "trainer/builders.h"
 #include "trainer/optimizer.h"
@@ -22,6 +23,7 @@ parallel::FsdpOptions fsdp_options(const Config& c) {
   o.compute_dtype = c.train.precision == "bf16" ? at::kBFloat16 : at::kFloat;
   o.reduce_dtype = c.parallel.reduce_dtype == "bf16" ? at::kBFloat16 : at::kFloat;
   o.reduce_every_micro_batch = c.parallel.reduce_every_micro_batch;
+  o.context_parallel = c.parallel.cp;
   return o;
 }
 
@@ -41,6 +43,13 @@ class ShardedTrainState : public TrainState {
                                                            fsdp_options(config));
     model_->block_runner = [this](int64_t index, const models::BlockCall& call, const at::Tensor& x,
                                   const at::Tensor& c) { return fsdp_->run_unit(index, [&] { return call(x, c); }); };
+    if (runtime.context_group().size() > 1) {
+      // Context parallelism: this rank's tokens from the embedding on; the output is gathered so
+      // unpatchify and the loss run whole (and identically) on every context rank.
+      parallel::Comm& context = runtime.context_group();
+      model_->sequence_split = {[&context](const at::Tensor& t) { return parallel::split_sequence(t, context, 1); },
+                                [&context](const at::Tensor& t) { return parallel::gather_sequence(t, context, 1); }};
+    }
     layout_.num_shards = shard.size();
     layout_.units = fsdp_->layout();
     for (const auto& item : model_->named_parameters()) layout_.order.push_back(item.key());
@@ -63,12 +72,13 @@ class ShardedTrainState : public TrainState {
     at::NoGradGuard no_grad;
     // One all-reduce over the world carries three numbers: Σ‖g_shard‖² (each shard is held by
     // dp_replicate identical replicas, hence the division), the loss mean over the
-    // data-parallel ranks, and the stop votes.
+    // data-parallel ranks (context ranks compute the same loss: divided by cp too), and the
+    // stop votes.
     const auto& shape = runtime_.mesh().shape();
     at::Tensor sumsq = at::zeros({}, local_loss.options().dtype(at::kFloat));
     for (const auto& [name, s] : fsdp_->named_shards())
       if (s.grad().defined()) sumsq = sumsq + s.grad().to(at::kFloat).pow(2).sum();
-    at::Tensor packed = at::stack({sumsq / double(shape.dp_replicate * shape.cp),
+    at::Tensor packed = at::stack({sumsq / double(shape.dp_replicate),
                                    local_loss.to(at::kFloat) / double(runtime_.mesh().data_parallel() * shape.cp),
                                    at::full({}, stop_requested ? 1.0 : 0.0, sumsq.options())});
     runtime_.world_group().all_reduce(packed, parallel::ReduceOp::Sum)->wait();
@@ -122,7 +132,7 @@ class ShardedTrainState : public TrainState {
     ShardedContents sh;
     sh.layout = layout_;
     sh.shard_index = runtime_.shard_group().rank();
-    sh.writer = runtime_.mesh().coord(runtime_.rank()).replicate == 0 && runtime_.mesh().coord(runtime_.rank()).context == 0;
+    sh.writer = runtime_.mesh().coord(runtime_.rank()).replicate == 0;  // the shard group of replica 0
     for (const auto& item : model_->named_parameters())
       if (!item.value().requires_grad()) sh.fixed.emplace_back(item.key(), item.value().detach());
     c.sharded = std::move(sh);

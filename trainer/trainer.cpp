@@ -1,6 +1,7 @@
 #include "trainer/trainer.h"
 
 #include "data/png.h"
+#include "parallel/context.h"
 
 #include "trainer/builders.h"
 #include "trainer/ema.h"
@@ -90,8 +91,7 @@ Trainer::Trainer(Config config, TrainerHooks hooks) : config_(std::move(config))
   } catch (const parallel::MeshError& e) {
     throw ConfigError(std::string(e.what()) + " (" + env_.describe() + ")");
   }
-  if (config_.parallel.cp > 1)
-    throw ConfigError("'parallel.cp' > 1 needs context-parallel attention, which this build does not have yet");
+  const std::string cp_attention = config_.parallel.cp > 1 ? context_attention_kind(config_) : "";
   if (config_.data.batch_size % (dp_size_ * config_.train.grad_accum) != 0)
     throw ConfigError("'data.batch_size' (" + std::to_string(config_.data.batch_size) + ") must be divisible by " +
                       std::to_string(dp_size_) + " data-parallel ranks × 'train.grad_accum' (" +
@@ -110,7 +110,13 @@ Trainer::Trainer(Config config, TrainerHooks hooks) : config_(std::move(config))
   }
   const int threads = configure_threads(threading);
   at::manual_seed(static_cast<uint64_t>(config_.run.seed));  // model initialisation: identical on every rank
-  models::DiT model = build_model(config_.model);
+  // With context parallelism every block's attention spans the context group (the model only
+  // sees an attention function); the sequence split itself is installed with the sharding below.
+  models::DiT model =
+      cp_attention.empty()
+          ? build_model(config_.model)
+          : build_model(config_.model, parallel::context_attention(cp_attention, runtime_->context_group(),
+                                                                   models::default_attention()));
   model->to(device_);
   const auto dit = model->options;
   spdlog::info("model: DiT depth {} hidden {} heads {} patch {} on {}×{}×{} ({} tokens): {:.2f}M parameters, "
@@ -125,6 +131,9 @@ Trainer::Trainer(Config config, TrainerHooks hooks) : config_(std::move(config))
     state_ = make_sharded_train_state(model, config_, *runtime_);
     spdlog::info("FSDP over {} ({} backend): {} units, {:.1f} MiB of training state on this rank", runtime_->mesh().describe(),
                  runtime_->backend(), dit.depth + 1, state_->state_bytes() / 1048576.0);
+    if (!cp_attention.empty())
+      spdlog::info("context parallelism: {} tokens per sample split over {} ranks ({} per rank), {} attention",
+                   dit.num_tokens(), config_.parallel.cp, dit.num_tokens() / config_.parallel.cp, cp_attention);
   } else {
     state_ = make_local_train_state(model, config_);
   }

@@ -1,107 +1,17 @@
 // FSDP training across processes (Gloo on loopback) against the unsharded single-process run:
 // the same global batch must give the same loss trajectory and the same final weights.
 #include "cli_runner.h"
-#include "rank_runner.h"
+#include "equivalence.h"
 #include "test_util.h"
 
 #include "data/safetensors.h"
 #include "trainer/checkpoint.h"
 
-#include <nlohmann/json.hpp>
-
-#include <cmath>
 #include <filesystem>
 
 namespace fs = std::filesystem;
 using namespace flowtrain;
 using namespace flowtrain::test;
-
-namespace {
-
-
-// 20 logged steps, final checkpoint, one intra-op thread per rank (4 ranks share 2 cores).
-const std::vector<std::string> kCommon = {"train.steps=20", "train.log_every=1", "train.threads=1", "data.workers=1",
-                                          "checkpoint.every=0", "train.tensorboard=false"};
-
-std::vector<std::string> with(std::vector<std::string> extra) {
-  std::vector<std::string> all = kCommon;
-  all.insert(all.end(), extra.begin(), extra.end());
-  return all;
-}
-
-std::string final_checkpoint(const std::string& run) { return run + "/checkpoints/step-0000020"; }
-
-void run_world(int world, const std::string& run, const std::vector<std::string>& sets) {
-  if (world == 1) {
-    auto r = train_tiny(run, sets);
-    ASSERT_EQ(r.exit_code, 0) << r.output;
-    return;
-  }
-  RankJob job;
-  job.world = world;
-  job.args = tiny_train_args(run, sets);
-  job.log_dir = fs::path(run).parent_path().string();
-  job.deadline = std::chrono::seconds(240);
-  auto results = run_ranks(job);
-  for (int r = 0; r < world; ++r) ASSERT_EQ(results[r].exit_code, 0) << "rank " << r << ":\n" << results[r].output;
-}
-
-struct Difference {
-  double loss_rel = 0, weight_abs = 0, ema_abs = 0;
-};
-
-// Largest per-step relative loss difference and largest final weight / EMA difference.
-Difference compare_runs(const std::string& a, const std::string& b) {
-  Difference d;
-  auto ma = read_metrics(a), mb = read_metrics(b);
-  EXPECT_EQ(ma.size(), mb.size());
-  for (size_t i = 0; i < std::min(ma.size(), mb.size()); ++i) {
-    const double la = ma[i]["loss"].get<double>(), lb = mb[i]["loss"].get<double>();
-    d.loss_rel = std::max(d.loss_rel, std::abs(la - lb) / std::abs(la));
-  }
-  auto ca = trainer::load_checkpoint(final_checkpoint(a)), cb = trainer::load_checkpoint(final_checkpoint(b));
-  auto max_diff = [](const trainer::NamedTensors& x, const trainer::NamedTensors& y) {
-    EXPECT_EQ(x.size(), y.size());
-    double m = 0;
-    for (size_t i = 0; i < std::min(x.size(), y.size()); ++i) {
-      EXPECT_EQ(x[i].first, y[i].first);
-      EXPECT_EQ(x[i].second.sizes(), y[i].second.sizes()) << x[i].first;
-      m = std::max(m, (x[i].second - y[i].second).abs().max().item<double>());
-    }
-    return m;
-  };
-  d.weight_abs = max_diff(ca.model, cb.model);
-  d.ema_abs = max_diff(ca.ema, cb.ema);
-  return d;
-}
-
-// Tolerances. The sharded runs do the same fp32 arithmetic in another order: each rank's loss
-// is the mean over its own slice of the batch (then averaged), gradients are summed across
-// ranks by the reduce-scatter, the grad norm is a sum of per-shard sums. Each reordering
-// changes a result by a few ulps (~1e-7 relative); Adam then normalises every update to
-// ~lr per element, so a tiny gradient difference changes a weight by at most ~lr × (relative
-// change of m/√v), and over 20 steps these stay far below 1e-4 absolute (weights are O(0.1)).
-// A real bug (a missing shard, a wrong average, a skipped micro-batch) moves losses by >1e-3
-// relative and weights by >1e-3 absolute within a few steps, which these bounds would catch.
-constexpr double kLossRelTol = 1e-5;
-constexpr double kWeightAbsTol = 1e-4;
-
-void expect_equivalent(const std::string& reference, const std::string& run, const char* what) {
-  Difference d = compare_runs(reference, run);
-  std::printf("[equivalence] %s: max loss rel diff %.3g, max weight abs diff %.3g, max EMA abs diff %.3g\n", what,
-              d.loss_rel, d.weight_abs, d.ema_abs);
-  EXPECT_LE(d.loss_rel, kLossRelTol) << what;
-  EXPECT_LE(d.weight_abs, kWeightAbsTol) << what;
-  EXPECT_LE(d.ema_abs, kWeightAbsTol) << what;
-}
-
-int64_t peak_state_bytes(const std::string& run, int rank) {
-  auto j = nlohmann::json::parse(read_file(run + "/ranks/rank-" + std::string(5 - std::to_string(rank).size(), '0') +
-                                           std::to_string(rank) + ".json"));
-  return j["peak_state_bytes"].get<int64_t>();
-}
-
-}  // namespace
 
 TEST(DistFsdp, ShardedRunsMatchTheUnshardedRunFor20Steps) {
   REQUIRE_DATA();

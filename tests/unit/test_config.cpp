@@ -1,5 +1,6 @@
 // Config loading: every kind of bad input must produce a message that names where (file and
 // line, or the --set), which key, and what was allowed; good input round-trips through to_yaml.
+#include "trainer/builders.h"
 #include "trainer/config.h"
 
 #include <gtest/gtest.h>
@@ -329,7 +330,7 @@ Config everything_changed() {
   c.checkpoint = {100, 0, "never"};
   c.eval = {250, 500, 10, "euler", 2.0, 7, "/tmp/classifiers"};
   c.profile = {true, 4, 2, true, true};
-  c.parallel = {2, 4, 2, "on", false, false, "bf16", true, "gloo", 30.5};
+  c.parallel = {2, 4, 2, "ring", "on", false, false, "bf16", true, "gloo", 30.5};
   return c;
 }
 
@@ -476,6 +477,26 @@ TEST(ConfigValidateTest, CrossFieldErrorsFromAFileNameTheFile) {
   // An override can create the inconsistency too.
   EXPECT_TRUE(Contains(error_of([&] { load_config(path, {"train.grad_accum=4"}); }), "'train.grad_accum' (4)"));
   EXPECT_NO_THROW(load_config(path, {"train.grad_accum=2"}));
+}
+
+TEST(ConfigTest, ContextParallelAttentionFollowsTheModelsTokensAndHeads) {
+  // 2 heads; 32/2 = 16² = 256 tokens.
+  auto kind = [](std::vector<std::string> sets) {
+    sets.insert(sets.end(), {"model.size=tiny", "model.heads=2", "model.image_size=32", "model.patch=2"});
+    return context_attention_kind(parse_config("", "cfg.yaml", sets));
+  };
+  EXPECT_EQ(kind({"parallel.cp=2"}), "ulysses");  // 2 heads split over 2
+  EXPECT_EQ(kind({"parallel.cp=4"}), "ring");     // …but not over 4
+  EXPECT_EQ(kind({"parallel.cp=2", "parallel.cp_attention=ring"}), "ring");
+  const std::string ulysses = error_of([&] { kind({"parallel.cp=4", "parallel.cp_attention=ulysses"}); });
+  EXPECT_NE(ulysses.find("'parallel.cp_attention' ulysses needs the 2 heads to split over 'parallel.cp' 4"),
+            std::string::npos)
+      << ulysses;
+  // 28/4 = 7² = 49 tokens do not split over 2.
+  const std::string tokens = error_of([&] {
+    context_attention_kind(parse_config("", "cfg.yaml", {"model.image_size=28", "model.patch=4", "parallel.cp=2"}));
+  });
+  EXPECT_NE(tokens.find("'parallel.cp' 2 does not split the model's 49 tokens"), std::string::npos) << tokens;
 }
 
 }  // namespace

@@ -16,7 +16,7 @@ TEST(Mesh, ResolvesTheRestAndNumbersRanksWithContextInnermost) {
   EXPECT_EQ(m.coord(5).shard, 0);
   EXPECT_EQ(m.coord(5).context, 1);
   for (int r = 0; r < 8; ++r) EXPECT_EQ(m.rank_of(m.coord(r)), r);
-  EXPECT_EQ(m.shard_group(5), (std::vector<int64_t>{5, 7}));
+  EXPECT_EQ(m.shard_group(5), (std::vector<int64_t>{4, 5, 6, 7}));  // dp_shard × cp of replica 1
   EXPECT_EQ(m.replicate_group(5), (std::vector<int64_t>{1, 5}));
   EXPECT_EQ(m.context_group(5), (std::vector<int64_t>{4, 5}));
   EXPECT_EQ(m.data_parallel_rank(5), 2);  // context ranks of one sample slice share it

@@ -1,0 +1,71 @@
+// The sequence split of context parallelism (split_sequence / gather_sequence) and the choice of
+// attention (context_attention). Ulysses and ring attention live in context_ulysses.cpp and
+// context_ring.cpp.
+#include "parallel/context.h"
+
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <fmt/format.h>
+
+#include <stdexcept>
+
+namespace flowtrain::parallel {
+
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+void check_divisible(const at::Tensor& x, int64_t dim, int64_t members, const char* what) {
+  TORCH_CHECK(x.size(dim) % members == 0, what, ": ", x.size(dim), " tokens do not split evenly over ", members,
+              " context-parallel ranks");
+}
+
+// Forward: all-gather the chunks along `dim`. Backward: this rank's chunk of the gradient.
+struct GatherSequenceFn : torch::autograd::Function<GatherSequenceFn> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, Comm* group, int64_t dim) {
+    const int64_t members = group->size(), n = x.size(dim);
+    ctx->saved_data["rank"] = group->rank();
+    ctx->saved_data["dim"] = dim;
+    ctx->saved_data["n"] = n;
+    at::Tensor mine = x.movedim(dim, 0).contiguous();  // [n, …]: all_gather concatenates along dim 0
+    std::vector<int64_t> sizes = mine.sizes().vec();
+    sizes[0] = members * n;
+    at::Tensor all = at::empty(sizes, mine.options());
+    group->all_gather(all, mine)->wait();
+    return all.movedim(0, dim);
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const int64_t rank = ctx->saved_data["rank"].toInt(), dim = ctx->saved_data["dim"].toInt(),
+                  n = ctx->saved_data["n"].toInt();
+    return {grads[0].narrow(dim, rank * n, n).contiguous(), at::Tensor(), at::Tensor()};
+  }
+};
+
+}  // namespace
+
+at::Tensor split_sequence(const at::Tensor& x, Comm& group, int64_t dim) {
+  if (group.size() == 1) return x;
+  check_divisible(x, dim, group.size(), "split_sequence");
+  const int64_t n = x.size(dim) / group.size();
+  return x.narrow(dim, group.rank() * n, n);  // narrow's backward scatters into zeros: a partial gradient
+}
+
+at::Tensor gather_sequence(const at::Tensor& x, Comm& group, int64_t dim) {
+  if (group.size() == 1) return x;
+  return GatherSequenceFn::apply(x, &group, dim);
+}
+
+LocalAttention context_attention(const std::string& kind, Comm& group, LocalAttention local) {
+  if (kind == "ulysses")
+    return [&group, local = std::move(local)](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+      return ulysses_attention(q, k, v, group, local);
+    };
+  if (kind == "ring")
+    return [&group](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+      return ring_attention(q, k, v, group);
+    };
+  throw std::invalid_argument(fmt::format("unknown context-parallel attention '{}' (ulysses | ring)", kind));
+}
+
+}  // namespace flowtrain::parallel

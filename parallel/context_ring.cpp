@@ -1,0 +1,140 @@
+// Ring attention (Liu et al. 2023) for non-causal attention: every rank keeps its queries; the
+// key/value chunks travel around the context group, one hop per step, the next hop in flight
+// while the current chunk is used. Each step's block result (o_j, lse_j) merges into the running
+// one by log-sum-exp in fp32 (notes/parallel.md):
+//
+//   lse = logaddexp(lse, lse_j),   out = out·exp(lse_old − lse) + o_j·exp(lse_j − lse)
+//
+// Backward walks the ring again with the final out and lse (FlashAttention's backward, block by
+// block): p = exp(q·kⱼᵀ·s − lse), dvⱼ += pᵀ·do, ds = p ∘ (do·vⱼᵀ − rowsum(do ∘ out)),
+// dq += ds·kⱼ·s, dkⱼ += dsᵀ·q·s. The dK/dV accumulators travel with their chunk and take one
+// last hop home. Block scores are materialised per step ([B, H, N/P, N/P]).
+#include "parallel/context.h"
+
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <cmath>
+
+namespace flowtrain::parallel {
+
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// Message tags: forward K/V, backward K/V, backward dK/dV (the same pair of ranks may have
+// more than one message in flight).
+constexpr int64_t kTagForward = 0, kTagBackwardKv = 1, kTagBackwardGrad = 2;
+
+at::ScalarType accumulate_type(const at::Tensor& q) { return q.scalar_type() == at::kDouble ? at::kDouble : at::kFloat; }
+
+// Sends `buffer` to the next rank and receives the previous rank's into a new buffer; wait()
+// on the result before using it (and before touching `buffer` again).
+struct Hop {
+  WorkHandle send, recv;
+  at::Tensor outgoing, incoming;  // both must live until wait()
+  void wait() {
+    send->wait();
+    recv->wait();
+  }
+};
+Hop start_hop(Comm& group, const at::Tensor& buffer, int64_t tag) {
+  const int64_t P = group.size(), r = group.rank();
+  Hop hop;
+  hop.outgoing = buffer;
+  hop.incoming = at::empty_like(buffer);
+  hop.recv = group.recv(hop.incoming, (r + P - 1) % P, tag);
+  hop.send = group.send(buffer, (r + 1) % P, tag);
+  return hop;
+}
+
+struct RingAttentionFn : torch::autograd::Function<RingAttentionFn> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                            Comm* group) {
+    const int64_t P = group->size();
+    const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(-1)));
+    const auto acc = accumulate_type(q);
+    const at::Tensor qf = q.to(acc);
+    at::Tensor kv = at::stack({k, v}).contiguous();  // one message per hop
+    at::Tensor out, lse;
+    for (int64_t step = 0; step < P; ++step) {
+      Hop hop;
+      if (step + 1 < P) hop = start_hop(*group, kv, kTagForward);
+      at::Tensor s = at::matmul(qf, kv[0].to(acc).transpose(-2, -1)).mul_(scale);  // [B, H, n, n]
+      at::Tensor m = std::get<0>(s.max(-1, /*keepdim=*/true));
+      at::Tensor p = s.sub_(m).exp_();
+      at::Tensor l = p.sum(-1, /*keepdim=*/true);
+      at::Tensor o_j = at::matmul(p, kv[1].to(acc)).div_(l);
+      at::Tensor lse_j = m.add_(l.log_());
+      if (step == 0) {
+        out = o_j;
+        lse = lse_j;
+      } else {
+        at::Tensor merged = at::logaddexp(lse, lse_j);
+        out = out.mul_((lse - merged).exp_()).add_(o_j.mul_((lse_j - merged).exp_()));
+        lse = merged;
+      }
+      if (step + 1 < P) {
+        hop.wait();
+        kv = hop.incoming;
+      }
+    }
+    ctx->save_for_backward({q, k, v, out, lse});
+    ctx->saved_data["group"] = reinterpret_cast<int64_t>(group);
+    return out.to(q.scalar_type());
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    Comm& group = *reinterpret_cast<Comm*>(ctx->saved_data["group"].toInt());
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor &q = saved[0], &k = saved[1], &v = saved[2], &out = saved[3], &lse = saved[4];
+    const int64_t P = group.size();
+    const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(-1)));
+    const auto acc = accumulate_type(q);
+    const at::Tensor qf = q.to(acc), dout = grads[0].to(acc);
+    const at::Tensor delta = (dout * out).sum(-1, /*keepdim=*/true);  // rowsum(do ∘ out) [B, H, n, 1]
+    at::Tensor dq = at::zeros_like(qf);
+    at::Tensor kv = at::stack({k, v}).contiguous();
+    // At step j this rank holds the K/V chunk of rank (r − j) mod P; the dK/dV accumulated for
+    // that chunk by the ranks before arrives from the previous rank during the step (its hop
+    // overlaps this step's compute), gets this rank's part added and moves on. After the last
+    // step it is one hop from home.
+    Hop grad_hop;
+    at::Tensor dkv;
+    for (int64_t step = 0; step < P; ++step) {
+      Hop kv_hop;
+      if (step + 1 < P) kv_hop = start_hop(group, kv, kTagBackwardKv);
+      const at::Tensor kj = kv[0].to(acc), vj = kv[1].to(acc);
+      at::Tensor p = at::matmul(qf, kj.transpose(-2, -1)).mul_(scale).sub_(lse).exp_();  // [B, H, n, n]
+      at::Tensor dv_j = at::matmul(p.transpose(-2, -1), dout);
+      at::Tensor ds = p.mul_(at::matmul(dout, vj.transpose(-2, -1)).sub_(delta));
+      dq.add_(at::matmul(ds, kj), scale);
+      at::Tensor dk_j = at::matmul(ds.transpose(-2, -1), qf).mul_(scale);
+      dkv = at::stack({dk_j, dv_j});
+      if (step > 0) {
+        grad_hop.wait();
+        dkv.add_(grad_hop.incoming);
+      }
+      if (P > 1) grad_hop = start_hop(group, dkv, kTagBackwardGrad);
+      if (step + 1 < P) {
+        kv_hop.wait();
+        kv = kv_hop.incoming;
+      }
+    }
+    if (P > 1) {
+      grad_hop.wait();
+      dkv = grad_hop.incoming;  // this rank's own chunk, every rank's part added
+    }
+    return {dq.to(q.scalar_type()), dkv[0].to(k.scalar_type()), dkv[1].to(v.scalar_type()), at::Tensor()};
+  }
+};
+
+}  // namespace
+
+at::Tensor ring_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, Comm& group) {
+  TORCH_CHECK(q.dim() == 4 && k.sizes() == q.sizes() && v.sizes() == q.sizes(),
+              "ring attention: q, k, v must be [B, H, N/P, Dh] of one shape");
+  return RingAttentionFn::apply(q, k, v, &group);
+}
+
+}  // namespace flowtrain::parallel
