@@ -3,6 +3,7 @@
 // context_ring.cpp.
 #include "parallel/context.h"
 
+#include <ATen/record_function.h>
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <fmt/format.h>
@@ -24,6 +25,7 @@ void check_divisible(const at::Tensor& x, int64_t dim, int64_t members, const ch
 // Forward: all-gather the chunks along `dim`. Backward: this rank's chunk of the gradient.
 struct GatherSequenceFn : torch::autograd::Function<GatherSequenceFn> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, Comm* group, int64_t dim) {
+    RECORD_USER_SCOPE("cp.gather_sequence");
     const int64_t members = group->size(), n = x.size(dim);
     ctx->saved_data["rank"] = group->rank();
     ctx->saved_data["dim"] = dim;

@@ -11,6 +11,8 @@
 // last hop home. Block scores are materialised per step ([B, H, N/P, N/P]).
 #include "parallel/context.h"
 
+#include <ATen/record_function.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <cmath>
@@ -51,6 +53,9 @@ Hop start_hop(Comm& group, const at::Tensor& buffer, int64_t tag) {
 struct RingAttentionFn : torch::autograd::Function<RingAttentionFn> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                             Comm* group) {
+    RECORD_USER_SCOPE("cp.ring_attention_forward");
+    // fp32 block math whatever the autocast state (bf16 scores would cost the merge its precision).
+    c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
     const int64_t P = group->size();
     const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(-1)));
     const auto acc = accumulate_type(q);
@@ -85,6 +90,8 @@ struct RingAttentionFn : torch::autograd::Function<RingAttentionFn> {
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    RECORD_USER_SCOPE("cp.ring_attention_backward");
+    c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
     Comm& group = *reinterpret_cast<Comm*>(ctx->saved_data["group"].toInt());
     const auto saved = ctx->get_saved_variables();
     const at::Tensor &q = saved[0], &k = saved[1], &v = saved[2], &out = saved[3], &lse = saved[4];

@@ -2,6 +2,7 @@
 // split with one all-to-all, attend locally over the whole sequence, trade back.
 #include "parallel/context.h"
 
+#include <ATen/record_function.h>
 #include <torch/csrc/autograd/custom_function.h>
 
 namespace flowtrain::parallel {
@@ -13,6 +14,7 @@ using torch::autograd::variable_list;
 
 // [B, H, N/P, Dh] (my tokens, all heads) → [B, H/P, N, Dh] (all tokens, my heads).
 at::Tensor tokens_to_heads(const at::Tensor& x, Comm& group) {
+  RECORD_USER_SCOPE("cp.all_to_all_tokens_to_heads");
   const int64_t P = group.size(), B = x.size(0), H = x.size(1), n = x.size(2), Dh = x.size(3);
   // Chunk j (heads of group j) goes to member j; chunk i received = member i's tokens.
   at::Tensor send = x.reshape({B, P, H / P, n, Dh}).permute({1, 0, 2, 3, 4}).contiguous();
@@ -23,6 +25,7 @@ at::Tensor tokens_to_heads(const at::Tensor& x, Comm& group) {
 
 // The inverse: [B, H/P, N, Dh] → [B, H, N/P, Dh].
 at::Tensor heads_to_tokens(const at::Tensor& y, Comm& group) {
+  RECORD_USER_SCOPE("cp.all_to_all_heads_to_tokens");
   const int64_t P = group.size(), B = y.size(0), h = y.size(1), N = y.size(2), Dh = y.size(3);
   // Chunk j (tokens of member j) goes to member j; chunk i received = head group i.
   at::Tensor send = y.reshape({B, h, P, N / P, Dh}).permute({2, 0, 1, 3, 4}).contiguous();
