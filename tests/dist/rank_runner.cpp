@@ -2,6 +2,8 @@
 
 #include "test_util.h"
 
+#include "parallel/runtime.h"
+
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -108,6 +110,34 @@ std::string tiny_train_args(const std::string& out_dir, const std::vector<std::s
                      " --set data.path=" + fashion_mnist_dir();
   for (const auto& s : sets) args += " --set " + s;
   return args;
+}
+
+std::vector<std::string> run_thread_ranks(int world, parallel::MeshShape mesh,
+                                          const std::function<void(int rank, parallel::Runtime& runtime)>& body) {
+  const int port = free_port();
+  std::vector<std::string> errors(world);
+  auto rank_main = [&](int rank) {
+    try {
+      parallel::RuntimeOptions ro;
+      ro.env.rank = rank;
+      ro.env.world = world;
+      ro.env.master_addr = "127.0.0.1";
+      ro.env.master_port = port;
+      ro.mesh = mesh;
+      ro.backend = "gloo";
+      ro.timeout_s = 60;
+      auto runtime = parallel::Runtime::create(ro);
+      body(rank, *runtime);
+      runtime->world_group().barrier();
+    } catch (const std::exception& e) {
+      errors[rank] = e.what();
+    }
+  };
+  std::vector<std::thread> others;
+  for (int r = 1; r < world; ++r) others.emplace_back(rank_main, r);
+  rank_main(0);
+  for (auto& t : others) t.join();
+  return errors;
 }
 
 }  // namespace flowtrain::test

@@ -2,9 +2,16 @@
 // `flowtrain launch` would set them) and collects their exit codes and output.
 #pragma once
 
+#include "parallel/mesh.h"
+
 #include <chrono>
+#include <functional>
 #include <string>
 #include <vector>
+
+namespace flowtrain::parallel {
+class Runtime;
+}
 
 namespace flowtrain::test {
 
@@ -44,6 +51,12 @@ struct KillOnExit {
   std::vector<int> pids;
   ~KillOnExit();
 };
+
+// In-process ranks: runs body(rank, runtime) on `world` threads, each with its own Runtime (Gloo
+// groups over a loopback TCPStore, the given mesh, 60 s timeout). Returns each rank's error
+// ("" when its body returned normally); the threads end with a world barrier.
+std::vector<std::string> run_thread_ranks(int world, parallel::MeshShape mesh,
+                                          const std::function<void(int rank, parallel::Runtime& runtime)>& body);
 
 // The tiny test config's `train` arguments into out_dir, with --set flags.
 std::string tiny_train_args(const std::string& out_dir, const std::vector<std::string>& sets);

@@ -11,7 +11,6 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <thread>
 
 using namespace flowtrain;
 
@@ -28,33 +27,10 @@ struct Chunk {
   std::string error;
 };
 
-// Runs `body(rank, runtime)` on `world` threads, each a rank with cp = world.
+// `world` in-process ranks forming one context group.
 template <typename Body>
 std::vector<std::string> run_context_ranks(int world, Body body) {
-  const int port = test::free_port();
-  std::vector<std::string> errors(world);
-  auto rank_main = [&](int rank) {
-    try {
-      parallel::RuntimeOptions ro;
-      ro.env.rank = rank;
-      ro.env.world = world;
-      ro.env.master_addr = "127.0.0.1";
-      ro.env.master_port = port;
-      ro.mesh = {1, 1, world};
-      ro.backend = "gloo";
-      ro.timeout_s = 60;
-      auto runtime = parallel::Runtime::create(ro);
-      body(rank, *runtime);
-      runtime->world_group().barrier();
-    } catch (const std::exception& e) {
-      errors[rank] = e.what();
-    }
-  };
-  std::vector<std::thread> others;
-  for (int r = 1; r < world; ++r) others.emplace_back(rank_main, r);
-  rank_main(0);
-  for (auto& t : others) t.join();
-  return errors;
+  return test::run_thread_ranks(world, parallel::MeshShape{1, 1, world}, body);
 }
 
 void expect_parallel_attention_matches_reference(const std::string& kind, int world) {

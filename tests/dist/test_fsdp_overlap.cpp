@@ -10,7 +10,6 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <thread>
 
 using namespace flowtrain;
 
@@ -55,7 +54,7 @@ struct RankOutput {
 }  // namespace
 
 TEST(DistFsdp, GathersArePrefetchedReduceScattersOverlapBackwardAndGradsMatchUnsharded) {
-  const int world = 2, port = test::free_port();
+  const int world = 2;
   const int64_t batch = 8;
   at::manual_seed(7);
   const at::Tensor x = at::randn({batch, 4, 8, 8}), t = at::rand({batch}), y = at::randint(0, 10, {batch});
@@ -63,42 +62,27 @@ TEST(DistFsdp, GathersArePrefetchedReduceScattersOverlapBackwardAndGradsMatchUns
   std::vector<models::DiT> models = {make_model(1), make_model(1)};
   std::vector<RankOutput> out(world);
 
-  auto rank_main = [&](int rank) {
-    try {
-      parallel::RuntimeOptions ro;
-      ro.env.rank = rank;
-      ro.env.world = world;
-      ro.env.master_addr = "127.0.0.1";
-      ro.env.master_port = port;
-      ro.backend = "gloo";
-      ro.timeout_s = 60;
-      auto runtime = parallel::Runtime::create(ro);
-      models::DiT& model = models[rank];
-      std::vector<std::string> units;
-      for (int i = 0; i < small_dit().depth; ++i) units.push_back("blocks." + std::to_string(i));
-      parallel::FullyShardedModule fsdp(*model, units, runtime->shard_group(), nullptr, {});
-      fsdp.set_event_log(&out[rank].events);
-      model->block_runner = [&](int64_t i, const models::BlockCall& call, const at::Tensor& xi, const at::Tensor& c) {
-        return fsdp.run_unit(i, [&] { return call(xi, c); });
-      };
-      const int64_t half = batch / world;
-      fsdp.set_gradient_sync(true);
-      fsdp.begin_forward();
-      at::Tensor v = model->forward(x.narrow(0, rank * half, half), t.narrow(0, rank * half, half),
-                                    y.narrow(0, rank * half, half));
-      v.pow(2).mean().backward();
-      fsdp.finish_backward();
-      for (const auto& [name, shard] : fsdp.named_shards()) out[rank].shard_grads.emplace_back(name, shard.grad().clone());
-      out[rank].layout = fsdp.layout();
-      model->block_runner = nullptr;
-      runtime->world_group().barrier();
-    } catch (const std::exception& e) {
-      out[rank].error = e.what();
-    }
-  };
-  std::thread r1(rank_main, 1);
-  rank_main(0);
-  r1.join();
+  auto errors = test::run_thread_ranks(world, parallel::MeshShape{}, [&](int rank, parallel::Runtime& runtime) {
+    models::DiT& model = models[rank];
+    std::vector<std::string> units;
+    for (int i = 0; i < small_dit().depth; ++i) units.push_back("blocks." + std::to_string(i));
+    parallel::FullyShardedModule fsdp(*model, units, runtime.shard_group(), nullptr, {});
+    fsdp.set_event_log(&out[rank].events);
+    model->block_runner = [&](int64_t i, const models::BlockCall& call, const at::Tensor& xi, const at::Tensor& c) {
+      return fsdp.run_unit(i, [&] { return call(xi, c); });
+    };
+    const int64_t half = batch / world;
+    fsdp.set_gradient_sync(true);
+    fsdp.begin_forward();
+    at::Tensor v = model->forward(x.narrow(0, rank * half, half), t.narrow(0, rank * half, half),
+                                  y.narrow(0, rank * half, half));
+    v.pow(2).mean().backward();
+    fsdp.finish_backward();
+    for (const auto& [name, shard] : fsdp.named_shards()) out[rank].shard_grads.emplace_back(name, shard.grad().clone());
+    out[rank].layout = fsdp.layout();
+    model->block_runner = nullptr;
+  });
+  for (int r = 0; r < world; ++r) out[r].error = errors[r];
   ASSERT_EQ(out[0].error, "");
   ASSERT_EQ(out[1].error, "");
 
