@@ -9,7 +9,8 @@
 //  • Ring: K/V chunks travel around the group (P2P send/recv, the next chunk in flight while the
 //    current one is used); partial results are merged by their log-sum-exp in fp32. Backward
 //    re-walks the ring with the final output and log-sum-exp; dK/dV accumulate as they travel and
-//    arrive back at their owner. No head constraint; memory per step is one chunk pair.
+//    arrive back at their owner. No head constraint; memory per step is one chunk pair (plus the
+//    block's scores where no flash kernel is used: see context_ring.cpp).
 //
 // Every function here is differentiable (autograd Functions whose backward is the adjoint
 // communication) and exact: the result equals the unsplit computation up to summation order.
@@ -31,7 +32,11 @@ using LocalAttention = std::function<at::Tensor(const at::Tensor& q, const at::T
 // whole sequence [B, H, N/P, Dh]. `local` computes attention over [B, H/P, N, Dh].
 at::Tensor ulysses_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, Comm& group,
                              const LocalAttention& local);
-at::Tensor ring_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, Comm& group);
+// The ring's per-block kernel: Auto = ATen's flash kernel on the CPU, Math elsewhere; the
+// others force one (tests compare them).
+enum class RingKernel { Auto, Math, CpuFlash };
+at::Tensor ring_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, Comm& group,
+                          RingKernel kernel = RingKernel::Auto);
 
 // "ulysses" | "ring" as an attention function bound to `group` (config: parallel.cp_attention).
 // Throws std::invalid_argument for another name.

@@ -8,7 +8,11 @@
 // Backward walks the ring again with the final out and lse (FlashAttention's backward, block by
 // block): p = exp(q·kⱼᵀ·s − lse), dvⱼ += pᵀ·do, ds = p ∘ (do·vⱼᵀ − rowsum(do ∘ out)),
 // dq += ds·kⱼ·s, dkⱼ += dsᵀ·q·s. The dK/dV accumulators travel with their chunk and take one
-// last hop home. Block scores are materialised per step ([B, H, N/P, N/P]).
+// last hop home.
+//
+// The block kernels: on the CPU, ATen's flash kernel (no [B, H, N/P, N/P] score matrix; its
+// backward takes the final out and lse, which is exactly the ring's block backward); elsewhere
+// the same math written with matmuls in fp32 (scores materialised per step).
 #include "parallel/context.h"
 
 #include <ATen/record_function.h>
@@ -50,33 +54,70 @@ Hop start_hop(Comm& group, const at::Tensor& buffer, int64_t tag) {
   return hop;
 }
 
+// One block: this rank's queries against one K/V chunk.
+struct BlockResult {
+  at::Tensor out, lse;  // [B, H, n, Dh] and [B, H, n, 1], accumulate dtype
+};
+struct BlockGrads {
+  at::Tensor dq, dk, dv;
+};
+
+bool flash_kernel(RingKernel kernel, const at::Tensor& q) {
+  if (kernel == RingKernel::Auto) return q.device().is_cpu();
+  return kernel == RingKernel::CpuFlash;
+}
+
+BlockResult block_forward(bool flash, const at::Tensor& qf, const at::Tensor& k, const at::Tensor& v, double scale) {
+  if (flash) {
+    auto [out, lse] = at::_scaled_dot_product_flash_attention_for_cpu(qf, k.contiguous(), v.contiguous(), 0.0, false,
+                                                                      std::nullopt, scale);
+    return {out, lse.unsqueeze(-1)};
+  }
+  at::Tensor s = at::matmul(qf, k.transpose(-2, -1)).mul_(scale);  // [B, H, n, n]
+  at::Tensor m = std::get<0>(s.max(-1, /*keepdim=*/true));
+  at::Tensor p = s.sub_(m).exp_();
+  at::Tensor l = p.sum(-1, /*keepdim=*/true);
+  return {at::matmul(p, v).div_(l), m.add_(l.log_())};
+}
+
+// The block's share of the gradients given the final out and lse (and delta = rowsum(do ∘ out)).
+BlockGrads block_backward(bool flash, const at::Tensor& dout, const at::Tensor& qf, const at::Tensor& k,
+                          const at::Tensor& v, const at::Tensor& out, const at::Tensor& lse, const at::Tensor& delta,
+                          double scale) {
+  if (flash) {
+    auto [dq, dk, dv] = at::_scaled_dot_product_flash_attention_for_cpu_backward(
+        dout, qf, k.contiguous(), v.contiguous(), out, lse.squeeze(-1), 0.0, false, std::nullopt, scale);
+    return {dq, dk, dv};
+  }
+  at::Tensor p = at::matmul(qf, k.transpose(-2, -1)).mul_(scale).sub_(lse).exp_();  // [B, H, n, n]
+  at::Tensor dv = at::matmul(p.transpose(-2, -1), dout);
+  at::Tensor ds = p.mul_(at::matmul(dout, v.transpose(-2, -1)).sub_(delta));
+  return {at::matmul(ds, k).mul_(scale), at::matmul(ds.transpose(-2, -1), qf).mul_(scale), dv};
+}
+
 struct RingAttentionFn : torch::autograd::Function<RingAttentionFn> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                            Comm* group) {
+                            Comm* group, RingKernel kernel) {
     RECORD_USER_SCOPE("cp.ring_attention_forward");
     // fp32 block math whatever the autocast state (bf16 scores would cost the merge its precision).
     c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
     const int64_t P = group->size();
     const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(-1)));
     const auto acc = accumulate_type(q);
-    const at::Tensor qf = q.to(acc);
+    const bool flash = flash_kernel(kernel, q);
+    const at::Tensor qf = q.to(acc).contiguous();
     at::Tensor kv = at::stack({k, v}).contiguous();  // one message per hop
     at::Tensor out, lse;
     for (int64_t step = 0; step < P; ++step) {
       Hop hop;
       if (step + 1 < P) hop = start_hop(*group, kv, kTagForward);
-      at::Tensor s = at::matmul(qf, kv[0].to(acc).transpose(-2, -1)).mul_(scale);  // [B, H, n, n]
-      at::Tensor m = std::get<0>(s.max(-1, /*keepdim=*/true));
-      at::Tensor p = s.sub_(m).exp_();
-      at::Tensor l = p.sum(-1, /*keepdim=*/true);
-      at::Tensor o_j = at::matmul(p, kv[1].to(acc)).div_(l);
-      at::Tensor lse_j = m.add_(l.log_());
+      BlockResult block = block_forward(flash, qf, kv[0].to(acc), kv[1].to(acc), scale);
       if (step == 0) {
-        out = o_j;
-        lse = lse_j;
+        out = block.out;
+        lse = block.lse;
       } else {
-        at::Tensor merged = at::logaddexp(lse, lse_j);
-        out = out.mul_((lse - merged).exp_()).add_(o_j.mul_((lse_j - merged).exp_()));
+        at::Tensor merged = at::logaddexp(lse, block.lse);
+        out = out.mul_((lse - merged).exp_()).add_(block.out.mul_((block.lse - merged).exp_()));
         lse = merged;
       }
       if (step + 1 < P) {
@@ -86,6 +127,7 @@ struct RingAttentionFn : torch::autograd::Function<RingAttentionFn> {
     }
     ctx->save_for_backward({q, k, v, out, lse});
     ctx->saved_data["group"] = reinterpret_cast<int64_t>(group);
+    ctx->saved_data["flash"] = flash;
     return out.to(q.scalar_type());
   }
 
@@ -93,13 +135,14 @@ struct RingAttentionFn : torch::autograd::Function<RingAttentionFn> {
     RECORD_USER_SCOPE("cp.ring_attention_backward");
     c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
     Comm& group = *reinterpret_cast<Comm*>(ctx->saved_data["group"].toInt());
+    const bool flash = ctx->saved_data["flash"].toBool();
     const auto saved = ctx->get_saved_variables();
     const at::Tensor &q = saved[0], &k = saved[1], &v = saved[2], &out = saved[3], &lse = saved[4];
     const int64_t P = group.size();
     const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(-1)));
     const auto acc = accumulate_type(q);
-    const at::Tensor qf = q.to(acc), dout = grads[0].to(acc);
-    const at::Tensor delta = (dout * out).sum(-1, /*keepdim=*/true);  // rowsum(do ∘ out) [B, H, n, 1]
+    const at::Tensor qf = q.to(acc).contiguous(), dout = grads[0].to(acc).contiguous();
+    const at::Tensor delta = flash ? at::Tensor() : (dout * out).sum(-1, /*keepdim=*/true);  // rowsum(do ∘ out)
     at::Tensor dq = at::zeros_like(qf);
     at::Tensor kv = at::stack({k, v}).contiguous();
     // At step j this rank holds the K/V chunk of rank (r − j) mod P; the dK/dV accumulated for
@@ -111,13 +154,9 @@ struct RingAttentionFn : torch::autograd::Function<RingAttentionFn> {
     for (int64_t step = 0; step < P; ++step) {
       Hop kv_hop;
       if (step + 1 < P) kv_hop = start_hop(group, kv, kTagBackwardKv);
-      const at::Tensor kj = kv[0].to(acc), vj = kv[1].to(acc);
-      at::Tensor p = at::matmul(qf, kj.transpose(-2, -1)).mul_(scale).sub_(lse).exp_();  // [B, H, n, n]
-      at::Tensor dv_j = at::matmul(p.transpose(-2, -1), dout);
-      at::Tensor ds = p.mul_(at::matmul(dout, vj.transpose(-2, -1)).sub_(delta));
-      dq.add_(at::matmul(ds, kj), scale);
-      at::Tensor dk_j = at::matmul(ds.transpose(-2, -1), qf).mul_(scale);
-      dkv = at::stack({dk_j, dv_j});
+      BlockGrads g = block_backward(flash, dout, qf, kv[0].to(acc), kv[1].to(acc), out, lse, delta, scale);
+      dq.add_(g.dq);
+      dkv = at::stack({g.dk, g.dv});
       if (step > 0) {
         grad_hop.wait();
         dkv.add_(grad_hop.incoming);
@@ -132,16 +171,19 @@ struct RingAttentionFn : torch::autograd::Function<RingAttentionFn> {
       grad_hop.wait();
       dkv = grad_hop.incoming;  // this rank's own chunk, every rank's part added
     }
-    return {dq.to(q.scalar_type()), dkv[0].to(k.scalar_type()), dkv[1].to(v.scalar_type()), at::Tensor()};
+    return {dq.to(q.scalar_type()), dkv[0].to(k.scalar_type()), dkv[1].to(v.scalar_type()), at::Tensor(),
+            at::Tensor()};
   }
 };
 
 }  // namespace
 
-at::Tensor ring_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, Comm& group) {
+at::Tensor ring_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, Comm& group,
+                          RingKernel kernel) {
   TORCH_CHECK(q.dim() == 4 && k.sizes() == q.sizes() && v.sizes() == q.sizes(),
               "ring attention: q, k, v must be [B, H, N/P, Dh] of one shape");
-  return RingAttentionFn::apply(q, k, v, &group);
+  TORCH_CHECK(kernel != RingKernel::CpuFlash || q.device().is_cpu(), "ring attention: the flash kernel is CPU-only");
+  return RingAttentionFn::apply(q, k, v, &group, kernel);
 }
 
 }  // namespace flowtrain::parallel

@@ -33,8 +33,9 @@ std::vector<std::string> run_context_ranks(int world, Body body) {
   return test::run_thread_ranks(world, parallel::MeshShape{1, 1, world}, body);
 }
 
-void expect_parallel_attention_matches_reference(const std::string& kind, int world) {
-  SCOPED_TRACE(kind + " at cp " + std::to_string(world));
+void expect_parallel_attention_matches_reference(const std::string& kind, int world,
+                                                 parallel::RingKernel kernel = parallel::RingKernel::Auto) {
+  SCOPED_TRACE(kind + " at cp " + std::to_string(world) + ", ring kernel " + std::to_string(int(kernel)));
   const int64_t B = 2, H = 4, N = 12, Dh = 8, n = N / world;
   at::manual_seed(11);
   const auto f64 = at::TensorOptions().dtype(at::kDouble);
@@ -48,7 +49,10 @@ void expect_parallel_attention_matches_reference(const std::string& kind, int wo
 
   std::vector<Chunk> chunks(world);
   auto errors = run_context_ranks(world, [&](int rank, parallel::Runtime& runtime) {
-    auto attention = parallel::context_attention(kind, runtime.context_group(), reference_attention);
+    parallel::LocalAttention attention =
+        kind == "ring" ? [&](const at::Tensor& q_, const at::Tensor& k_, const at::Tensor& v_) {
+          return parallel::ring_attention(q_, k_, v_, runtime.context_group(), kernel);
+        } : parallel::context_attention(kind, runtime.context_group(), reference_attention);
     at::Tensor cq = q.narrow(2, rank * n, n).clone().requires_grad_();
     at::Tensor ck = k.narrow(2, rank * n, n).clone().requires_grad_();
     at::Tensor cv = v.narrow(2, rank * n, n).clone().requires_grad_();
@@ -79,8 +83,12 @@ TEST(DistContext, UlyssesAttentionEqualsTheUnsplitAttentionForwardAndBackward) {
 }
 
 TEST(DistContext, RingAttentionEqualsTheUnsplitAttentionForwardAndBackward) {
-  expect_parallel_attention_matches_reference("ring", 2);
-  expect_parallel_attention_matches_reference("ring", 4);
+  // Both block kernels: ATen's CPU flash kernel (the default here) and the matmul version (the
+  // default on other devices).
+  for (auto kernel : {parallel::RingKernel::CpuFlash, parallel::RingKernel::Math}) {
+    expect_parallel_attention_matches_reference("ring", 2, kernel);
+    expect_parallel_attention_matches_reference("ring", 4, kernel);
+  }
 }
 
 TEST(DistContext, RingAttentionInFloat32StaysWithinFloat32Rounding) {
