@@ -1,6 +1,7 @@
 #include "trainer/builders.h"
 
 #include "data/fashion_mnist.h"
+#include "parallel/activation_checkpoint.h"
 
 #include <ATen/Parallel.h>
 #include <ATen/Context.h>
@@ -53,6 +54,14 @@ std::string context_attention_kind(const Config& c) {
                                   o.heads, cp));
   if (c.parallel.cp_attention == "auto") return heads_split ? "ulysses" : "ring";
   return c.parallel.cp_attention;
+}
+
+at::Tensor run_block(const TrainConfig& train, int64_t index, const models::BlockCall& call, const at::Tensor& x,
+                     const at::Tensor& c) {
+  if (at::GradMode::is_enabled() &&
+      parallel::checkpoint_block(train.activation_checkpointing, train.activation_checkpointing_every, index))
+    return parallel::checkpointed_call(call, x, c);
+  return call(x, c);
 }
 
 models::DiT build_model(const ModelConfig& model, models::AttentionFn attention) {

@@ -29,6 +29,12 @@ models::DiT build_model(const ModelConfig& model, models::AttentionFn attention 
 // not. Only meaningful for parallel.cp > 1.
 std::string context_attention_kind(const Config& config);
 
+// One DiT block's forward in training: under activation checkpointing (recomputed in backward)
+// when train.activation_checkpointing selects block `index` and gradients are being recorded,
+// else a plain call.
+at::Tensor run_block(const TrainConfig& train, int64_t index, const models::BlockCall& call, const at::Tensor& x,
+                     const at::Tensor& c);
+
 // Loads data.source; checks the images fit model.in_channels / image_size / num_classes and
 // throws ConfigError naming the key otherwise.
 std::shared_ptr<const data::ImageDataset> build_dataset(const Config& config);

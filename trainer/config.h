@@ -82,6 +82,9 @@ struct TrainConfig {
   int64_t log_every = 10;
   int64_t threads = 0;             // intra-op CPU threads; 0 = all cores
   bool tensorboard = true;         // also write TensorBoard event files to <out_dir>/tb
+  // none | full: recompute the selected blocks' activations in backward (memory for compute)
+  std::string activation_checkpointing = "none";
+  int64_t activation_checkpointing_every = 1;  // with full: every k-th block (1 = all)
 };
 
 struct SampleConfig {

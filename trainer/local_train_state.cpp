@@ -1,6 +1,7 @@
 // TrainState for one process: the model's own parameters are the fp32 master weights.
 #include "trainer/ema.h"
 #include "trainer/optimizer.h"
+#include "trainer/builders.h"
 #include "trainer/train_state.h"
 
 #include <fmt/format.h>
@@ -22,6 +23,9 @@ class LocalTrainState : public TrainState {
     for (const auto& item : model_->named_parameters()) named.emplace_back(item.key(), item.value());
     optimizer_ = std::make_unique<AdamW>(named, adam);
     if (config.train.ema_decay > 0) ema_ = std::make_unique<Ema>(model_);
+    if (config.train.activation_checkpointing != "none")
+      model_->block_runner = [train = config.train](int64_t index, const models::BlockCall& call, const at::Tensor& x,
+                                                    const at::Tensor& c) { return run_block(train, index, call, x, c); };
   }
 
   models::DiT& model() override { return model_; }

@@ -42,7 +42,9 @@ class ShardedTrainState : public TrainState {
     fsdp_ = std::make_unique<parallel::FullyShardedModule>(*model_, block_units(model_), shard, replicate,
                                                            fsdp_options(config));
     model_->block_runner = [this](int64_t index, const models::BlockCall& call, const at::Tensor& x,
-                                  const at::Tensor& c) { return fsdp_->run_unit(index, [&] { return call(x, c); }); };
+                                  const at::Tensor& c) {
+      return fsdp_->run_unit(index, [&] { return run_block(config_.train, index, call, x, c); });
+    };
     if (runtime.context_group().size() > 1) {
       // Context parallelism: this rank's tokens from the embedding on; the output is gathered so
       // unpatchify and the loss run whole (and identically) on every context rank.

@@ -1,6 +1,7 @@
 #include "trainer/trainer.h"
 
 #include "data/png.h"
+#include "parallel/activation_checkpoint.h"
 #include "parallel/context.h"
 
 #include "trainer/builders.h"
@@ -136,6 +137,13 @@ Trainer::Trainer(Config config, TrainerHooks hooks) : config_(std::move(config))
                    dit.num_tokens(), config_.parallel.cp, dit.num_tokens() / config_.parallel.cp, cp_attention);
   } else {
     state_ = make_local_train_state(model, config_);
+  }
+  if (config_.train.activation_checkpointing != "none") {
+    int64_t recomputed = 0;
+    for (int64_t i = 0; i < dit.depth; ++i)
+      recomputed += parallel::checkpoint_block(config_.train.activation_checkpointing,
+                                               config_.train.activation_checkpointing_every, i);
+    spdlog::info("activation checkpointing: {} of {} blocks recomputed in backward", recomputed, dit.depth);
   }
   schedule_ = {config_.optim.lr, config_.optim.warmup_steps, config_.optim.schedule, config_.train.steps,
                config_.optim.min_lr_ratio};

@@ -31,6 +31,12 @@ TEST(DistContext, ContextParallelRunsMatchTheSingleProcessRunFor20Steps) {
   expect_equivalent(w1, base + "/cp2_ulysses", "cp 2, Ulysses");
   run_world(2, base + "/cp2_ring", cp_run({"parallel.cp=2", "parallel.cp_attention=ring"}));
   expect_equivalent(w1, base + "/cp2_ring", "cp 2, ring");
+  // The recompute repeats the ring's communication inside backward.
+  run_world(2, base + "/cp2_ring_ac",
+            cp_run({"parallel.cp=2", "parallel.cp_attention=ring", "train.activation_checkpointing=full"}));
+  expect_equivalent(w1, base + "/cp2_ring_ac", "cp 2, ring, activation checkpointing");
+  EXPECT_NE(read_file(base + "/cp2_ring_ac/log.txt").find("activation checkpointing: 2 of 2 blocks recomputed"),
+            std::string::npos);
   // 2 heads do not split over 4 ranks: auto picks ring.
   run_world(4, base + "/cp4_auto", cp_run({"parallel.cp=4"}));
   expect_equivalent(w1, base + "/cp4_auto", "cp 4, auto (ring)");

@@ -23,8 +23,13 @@ TEST(DistFsdp, ShardedRunsMatchTheUnshardedRunFor20Steps) {
   run_world(2, w2, kCommon);
   run_world(4, w4, kCommon);
   run_world(4, hsdp, with({"parallel.dp_replicate=2"}));
+  // Recomputed blocks under FSDP: the weights are re-gathered before the recompute.
+  const std::string w2_ac = base + "/world2_activation_checkpointing";
+  run_world(2, w2_ac, with({"train.activation_checkpointing=full"}));
   expect_equivalent(w1, w1_fsdp, "world 1 with FSDP on");
   expect_equivalent(w1, w2, "world 2 (dp_shard 2)");
+  expect_equivalent(w1, w2_ac, "world 2 (dp_shard 2) with activation checkpointing");
+  EXPECT_NE(read_file(w2_ac + "/log.txt").find("activation checkpointing: 2 of 2 blocks recomputed"), std::string::npos);
   expect_equivalent(w1, w4, "world 4 (dp_shard 4)");
   expect_equivalent(w1, hsdp, "world 4 (HSDP dp_replicate 2 x dp_shard 2)");
 
