@@ -108,6 +108,8 @@ BenchReport run_benchmark(Config config, const BenchOptions& o) {
   r.device = device.str();
   r.precision = config.train.precision;
   r.threads = at::get_num_threads();
+  r.rank = trainer.rank();
+  r.world = trainer.world();
   r.batch = config.data.batch_size;
   r.tokens_per_sample = dit.num_tokens();
   r.steps = o.steps;
@@ -125,12 +127,15 @@ BenchReport run_benchmark(Config config, const BenchOptions& o) {
   r.achieved_tflops = r.samples_per_s * r.train_gflop_per_sample / 1e3;
   r.peak_memory_bytes = peak_memory_bytes(device, r.memory_kind);
   if (o.peak_tflops > 0) {
-    r.peak_tflops = o.peak_tflops;
-    r.peak_source = "given";
+    r.peak_tflops = o.peak_tflops * double(r.world);  // given per rank (per GPU)
+    r.peak_source = r.world > 1 ? fmt::format("given × {} ranks", r.world) : "given";
   } else {
     const at::ScalarType dtype = config.train.precision == "bf16" ? at::kBFloat16 : at::kFloat;
-    r.peak_tflops = measure_matmul_tflops(device, dtype);
-    r.peak_source = fmt::format("measured {} matmul", dtype == at::kBFloat16 ? "bf16" : "fp32");
+    // Every rank measures its own share (ranks sharing a machine measure at the same time, so
+    // each gets its share of the cores); the job's peak is the sum, taken as world × this one.
+    r.peak_tflops = measure_matmul_tflops(device, dtype) * double(r.world);
+    r.peak_source = fmt::format("measured {} matmul{}", dtype == at::kBFloat16 ? "bf16" : "fp32",
+                                r.world > 1 ? fmt::format(" × {} ranks", r.world) : "");
   }
   r.mfu = r.achieved_tflops / r.peak_tflops;
   fs::remove_all(dir);
@@ -159,6 +164,8 @@ std::string BenchReport::to_json() const {
                       {"peak_tflops", peak_tflops},
                       {"peak_source", peak_source},
                       {"mfu", mfu},
+                      {"rank", rank},
+                      {"world", world},
                       {"peak_memory_bytes", peak_memory_bytes},
                       {"memory_kind", memory_kind},
                       {"first_loss", first_loss}};
@@ -170,11 +177,11 @@ std::string BenchReport::to_table() const {
       "device {} ({}, {} threads) | batch {} × {} tokens | {:.2f}M params, {:.3f} GFLOP/sample\n"
       "step time median {:.4f} s (p10 {:.4f}, p90 {:.4f}, min {:.4f}, max {:.4f}) over {} steps after {} warm-up\n"
       "{:.1f} samples/s | {:.0f} tokens/s | {:.3f} TFLOP/s achieved | peak {:.3f} TFLOP/s ({}) | MFU {:.1f}%\n"
-      "{} {:.1f} MiB | data wait median {:.4f} s | first-step loss {:.6f}",
+      "{} {:.1f} MiB{} | data wait median {:.4f} s | first-step loss {:.6f}",
       device, precision, threads, batch, tokens_per_sample, params_m, train_gflop_per_sample, step_time_median_s,
       step_time_p10_s, step_time_p90_s, step_time_min_s, step_time_max_s, steps, warmup, samples_per_s, tokens_per_s,
       achieved_tflops, peak_tflops, peak_source, 100 * mfu, memory_kind, peak_memory_bytes / 1048576.0,
-      data_wait_median_s, first_loss);
+      world > 1 ? fmt::format(" (rank {} of {})", rank, world) : "", data_wait_median_s, first_loss);
 }
 
 double write_parity_dump(const Config& c, const std::string& path) {

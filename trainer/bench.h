@@ -20,6 +20,7 @@ struct BenchOptions {
 struct BenchReport {
   std::string device, precision;
   int64_t threads = 0, batch = 0, tokens_per_sample = 0, steps = 0, warmup = 0;
+  int64_t rank = 0, world = 1;  // a multi-rank bench: every rank reports; batch and rates are the job's
   double params_m = 0, train_gflop_per_sample = 0;
   double step_time_median_s = 0, step_time_p10_s = 0, step_time_p90_s = 0, step_time_min_s = 0, step_time_max_s = 0;
   double data_wait_median_s = 0;

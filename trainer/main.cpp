@@ -209,7 +209,7 @@ int main(int argc, char** argv) {
   bench->add_option("--steps", bench_options.steps, "timed steps")->capture_default_str()->check(CLI::PositiveNumber);
   bench->add_option("--warmup", bench_options.warmup, "untimed warm-up steps")->capture_default_str()->check(CLI::NonNegativeNumber);
   bench->add_flag("--synthetic", bench_options.synthetic, "synthetic data (data.source=synthetic)");
-  bench->add_option("--peak-tflops", bench_options.peak_tflops, "MFU denominator (default: measured matmul rate)");
+  bench->add_option("--peak-tflops", bench_options.peak_tflops, "MFU denominator per rank, e.g. a GPU's dense peak (default: measured matmul rate)");
   bench->add_option("--json", bench_json, "also write the report as JSON to this file");
   bench->add_option("--parity-dump", bench_options.parity_dump,
                     "write the first step's weights, inputs and loss (safetensors) for bench/compare_pytorch.sh");

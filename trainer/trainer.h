@@ -52,6 +52,7 @@ class Trainer {
   ~Trainer();
   const models::DiT& model() const { return state_->model(); }
   int64_t rank() const { return env_.rank; }
+  int64_t world() const { return env_.world; }
   // Persistent training-state bytes on this rank (weights, grads, AdamW, EMA): the memory report.
   int64_t state_bytes() const { return state_->state_bytes(); }
   c10::Device device() const { return device_; }
