@@ -52,6 +52,10 @@ class Comm {
   // between the same pair; a send must be matched by a recv of the same shape and tag.
   virtual WorkHandle send(const at::Tensor& tensor, int64_t dst, int64_t tag) = 0;
   virtual WorkHandle recv(const at::Tensor& tensor, int64_t src, int64_t tag) = 0;
+  // send(out, dst) and recv(in, src) as one operation (a ring's hop). On NCCL the two are issued
+  // as one group (c10d coalescing, what batch_isend_irecv does): issued separately, a send and a
+  // recv between the same or cyclic peers can wait on each other forever.
+  virtual WorkHandle exchange(const at::Tensor& out, int64_t dst, const at::Tensor& in, int64_t src, int64_t tag) = 0;
   virtual void barrier() = 0;
 };
 

@@ -95,6 +95,29 @@ class C10dComm : public Comm {
     std::vector<at::Tensor> ts{tensor};
     return run("recv", [&] { return backend_->recv(ts, static_cast<int>(src), static_cast<int>(tag)); });
   }
+  WorkHandle exchange(const at::Tensor& out, int64_t dst, const at::Tensor& in, int64_t src, int64_t tag) override {
+    std::vector<at::Tensor> outs{out}, ins{in};
+    if (backend_->supportsCoalescing()) {
+      return run("exchange", [&] {
+        backend_->startCoalescing();
+        backend_->send(outs, static_cast<int>(dst), static_cast<int>(tag));
+        backend_->recv(ins, static_cast<int>(src), static_cast<int>(tag));
+        return backend_->endCoalescing();
+      });
+    }
+    // Gloo: both are asynchronous and matched by tag; post the receive first.
+    struct Both : Work {
+      WorkHandle recv, send;
+      void wait() override {
+        recv->wait();
+        send->wait();
+      }
+    };
+    auto both = std::make_shared<Both>();
+    both->recv = recv(in, src, tag);
+    both->send = send(out, dst, tag);
+    return both;
+  }
   void barrier() override { run("barrier", [&] { return backend_->barrier(); })->wait(); }
 
  private:

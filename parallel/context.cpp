@@ -59,15 +59,19 @@ at::Tensor gather_sequence(const at::Tensor& x, Comm& group, int64_t dim) {
 }
 
 LocalAttention context_attention(const std::string& kind, Comm& group, LocalAttention local) {
+  if (kind != "ulysses" && kind != "ring")
+    throw std::invalid_argument(fmt::format("unknown context-parallel attention '{}' (ulysses | ring)", kind));
+  // The group's first operation must be a collective of all its members: NCCL creates the
+  // group's communicator there, which the ring's grouped send/recv then use (a first P2P
+  // operation would set up per-pair communicators, each waiting for its peer: a cycle).
+  group.barrier();
   if (kind == "ulysses")
     return [&group, local = std::move(local)](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
       return ulysses_attention(q, k, v, group, local);
     };
-  if (kind == "ring")
-    return [&group](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
-      return ring_attention(q, k, v, group);
-    };
-  throw std::invalid_argument(fmt::format("unknown context-parallel attention '{}' (ulysses | ring)", kind));
+  return [&group](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+    return ring_attention(q, k, v, group);
+  };
 }
 
 }  // namespace flowtrain::parallel

@@ -37,20 +37,16 @@ at::ScalarType accumulate_type(const at::Tensor& q) { return q.scalar_type() == 
 // Sends `buffer` to the next rank and receives the previous rank's into a new buffer; wait()
 // on the result before using it (and before touching `buffer` again).
 struct Hop {
-  WorkHandle send, recv;
+  WorkHandle work;
   at::Tensor outgoing, incoming;  // both must live until wait()
-  void wait() {
-    send->wait();
-    recv->wait();
-  }
+  void wait() { work->wait(); }
 };
 Hop start_hop(Comm& group, const at::Tensor& buffer, int64_t tag) {
   const int64_t P = group.size(), r = group.rank();
   Hop hop;
   hop.outgoing = buffer;
   hop.incoming = at::empty_like(buffer);
-  hop.recv = group.recv(hop.incoming, (r + P - 1) % P, tag);
-  hop.send = group.send(buffer, (r + 1) % P, tag);
+  hop.work = group.exchange(buffer, (r + 1) % P, hop.incoming, (r + P - 1) % P, tag);
   return hop;
 }
 
@@ -128,7 +124,9 @@ struct RingAttentionFn : torch::autograd::Function<RingAttentionFn> {
     ctx->save_for_backward({q, k, v, out, lse});
     ctx->saved_data["group"] = reinterpret_cast<int64_t>(group);
     ctx->saved_data["flash"] = flash;
-    return out.to(q.scalar_type());
+    // A copy, not the saved `out` itself (in fp32 .to() would return it): whatever the caller
+    // does to the result in place must not touch what backward reads.
+    return out.to(q.scalar_type(), /*non_blocking=*/false, /*copy=*/true);
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {

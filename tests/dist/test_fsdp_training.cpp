@@ -107,3 +107,14 @@ TEST(DistFsdp, ResumeAtAnotherWorldSizeReshardsTheCheckpoint) {
   run_world(4, moved, kCommon);  // 2 shards on disk, 4 ranks now
   expect_equivalent(w1, moved, "10 steps at world 2, resumed for 10 at world 4");
 }
+
+TEST(DistFsdp, ActivationCheckpointingInBf16MatchesTheRunThatStoresActivations) {
+  // bf16 autocast: FSDP gathers bf16 weights, and the recompute (in backward, after the forward's
+  // autocast region) must run under autocast again to compute the same function.
+  REQUIRE_DATA();
+  const std::string base = scratch_dir("ac_bf16");
+  const std::string stored = base + "/stored", recomputed = base + "/recomputed";
+  run_world(2, stored, with({"train.precision=bf16"}));
+  run_world(2, recomputed, with({"train.precision=bf16", "train.activation_checkpointing=full"}));
+  expect_equivalent(stored, recomputed, "world 2 bf16, activation checkpointing vs stored activations");
+}
