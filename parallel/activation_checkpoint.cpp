@@ -1,9 +1,10 @@
 #include "parallel/activation_checkpoint.h"
 
+#include "models/autocast_region.h"
+
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Context.h>
 #include <ATen/core/Generator.h>
-#include <ATen/autocast_mode.h>
 #include <ATen/record_function.h>
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/custom_function.h>
@@ -26,33 +27,6 @@ struct Recompute : torch::CustomClassHolder {
   c10::Device device{c10::kCPU};
   bool autocast = false;            // autocast of the inputs' device type at the first forward
   at::ScalarType autocast_dtype = at::kBFloat16;
-};
-
-// The first forward's autocast state during the recompute (backward runs after the trainer's
-// autocast scope has closed; a recompute in fp32 would differentiate another function, and
-// under FSDP meet bf16 weights with fp32 activations). Same protocol as the trainer's scope:
-// the cast cache is cleared when the outermost autocast region ends.
-class RecomputeAutocast {
- public:
-  RecomputeAutocast(const Recompute& r) : type_(r.device.type()), wanted_(r.autocast) {
-    previous_ = at::autocast::is_autocast_enabled(type_);
-    previous_dtype_ = at::autocast::get_autocast_dtype(type_);
-    if (!wanted_) return;
-    at::autocast::set_autocast_dtype(type_, r.autocast_dtype);
-    at::autocast::set_autocast_enabled(type_, true);
-    at::autocast::increment_nesting();
-  }
-  ~RecomputeAutocast() {
-    if (!wanted_) return;
-    if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
-    at::autocast::set_autocast_enabled(type_, previous_);
-    at::autocast::set_autocast_dtype(type_, previous_dtype_);
-  }
-
- private:
-  c10::DeviceType type_;
-  bool wanted_, previous_ = false;
-  at::ScalarType previous_dtype_ = at::kBFloat16;
 };
 
 at::Tensor generator_state(at::Generator gen) {  // a handle: copies share the generator
@@ -100,7 +74,8 @@ struct CheckpointFn : torch::autograd::Function<CheckpointFn> {
     at::Tensor out;
     {
       at::AutoGradMode grad_on(true);
-      RecomputeAutocast autocast(*recompute);
+      // The first forward's autocast (backward runs after the trainer's region has closed).
+      models::AutocastRegion autocast(recompute->autocast, recompute->device.type(), recompute->autocast_dtype);
       out = recompute->call(x, c);
     }
     set_generator_state(cpu, cpu_now);

@@ -1,6 +1,7 @@
 #include "trainer/trainer.h"
 
 #include "data/png.h"
+#include "models/autocast_region.h"
 #include "parallel/activation_checkpoint.h"
 #include "parallel/context.h"
 
@@ -12,7 +13,6 @@
 #include "trainer/stop_signal.h"
 
 #include <ATen/CPUGeneratorImpl.h>
-#include <ATen/autocast_mode.h>
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
@@ -38,22 +38,6 @@ std::string format_duration(double s) {
   return fmt::format("{}m{:02d}s", total / 60, total % 60);
 }
 
-// bf16 autocast for the forward pass (fp32 master weights and optimizer stay as they are).
-struct AutocastScope {
-  AutocastScope(bool enabled, c10::DeviceType device) : enabled(enabled), device(device) {
-    if (!enabled) return;
-    at::autocast::set_autocast_dtype(device, at::kBFloat16);
-    at::autocast::set_autocast_enabled(device, true);
-    at::autocast::increment_nesting();
-  }
-  ~AutocastScope() {
-    if (!enabled) return;
-    if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
-    at::autocast::set_autocast_enabled(device, false);
-  }
-  bool enabled;
-  c10::DeviceType device;
-};
 
 }  // namespace
 
@@ -264,7 +248,7 @@ Trainer::StepResult Trainer::train_step() {
     at::Tensor loss;
     {
       ProfileRange range("forward");
-      AutocastScope autocast(config_.train.precision == "bf16", device_.type());
+      models::AutocastRegion autocast(config_.train.precision == "bf16", device_.type());  // bf16: forward only
       models::FlowMatchingDraw draw = draw_step_inputs(config_, timesteps_, x0, y, progress_.step, first_row + m * micro);
       loss = models::flow_matching_loss(velocity, x0, draw).loss;
     }
