@@ -48,13 +48,11 @@ class Comm {
   // Equal chunks along dim 0 (both contiguous, same size): chunk j of `in` goes to member j,
   // chunk i of `out` comes from member i (its chunk number rank()).
   virtual WorkHandle all_to_all(const at::Tensor& out, const at::Tensor& in) = 0;
-  // Point-to-point within the group (ring attention). `tag` tells apart messages in flight
-  // between the same pair; a send must be matched by a recv of the same shape and tag.
-  virtual WorkHandle send(const at::Tensor& tensor, int64_t dst, int64_t tag) = 0;
-  virtual WorkHandle recv(const at::Tensor& tensor, int64_t src, int64_t tag) = 0;
-  // send(out, dst) and recv(in, src) as one operation (a ring's hop). On NCCL the two are issued
-  // as one group (c10d coalescing, what batch_isend_irecv does): issued separately, a send and a
-  // recv between the same or cyclic peers can wait on each other forever.
+  // Point-to-point within the group, the hop of a ring: sends `out` to member `dst` and
+  // receives member `src`'s message (same shape) into `in`. `tag` tells apart messages in flight
+  // between the same pair. On NCCL the send and the receive are issued as one group (c10d
+  // coalescing, what batch_isend_irecv does): issued separately, a send and a recv between the
+  // same or cyclic peers can wait on each other forever.
   virtual WorkHandle exchange(const at::Tensor& out, int64_t dst, const at::Tensor& in, int64_t src, int64_t tag) = 0;
   virtual void barrier() = 0;
 };

@@ -87,14 +87,6 @@ class C10dComm : public Comm {
     std::vector<int64_t> equal_splits;  // empty = equal chunks of dim 0
     return run("all_to_all", [&] { return backend_->alltoall_base(o, i, equal_splits, equal_splits); });
   }
-  WorkHandle send(const at::Tensor& tensor, int64_t dst, int64_t tag) override {
-    std::vector<at::Tensor> ts{tensor};
-    return run("send", [&] { return backend_->send(ts, static_cast<int>(dst), static_cast<int>(tag)); });
-  }
-  WorkHandle recv(const at::Tensor& tensor, int64_t src, int64_t tag) override {
-    std::vector<at::Tensor> ts{tensor};
-    return run("recv", [&] { return backend_->recv(ts, static_cast<int>(src), static_cast<int>(tag)); });
-  }
   WorkHandle exchange(const at::Tensor& out, int64_t dst, const at::Tensor& in, int64_t src, int64_t tag) override {
     std::vector<at::Tensor> outs{out}, ins{in};
     if (backend_->supportsCoalescing()) {
@@ -114,8 +106,8 @@ class C10dComm : public Comm {
       }
     };
     auto both = std::make_shared<Both>();
-    both->recv = recv(in, src, tag);
-    both->send = send(out, dst, tag);
+    both->recv = run("recv", [&] { return backend_->recv(ins, static_cast<int>(src), static_cast<int>(tag)); });
+    both->send = run("send", [&] { return backend_->send(outs, static_cast<int>(dst), static_cast<int>(tag)); });
     return both;
   }
   void barrier() override { run("barrier", [&] { return backend_->barrier(); })->wait(); }

@@ -17,11 +17,6 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
-void check_divisible(const at::Tensor& x, int64_t dim, int64_t members, const char* what) {
-  TORCH_CHECK(x.size(dim) % members == 0, what, ": ", x.size(dim), " tokens do not split evenly over ", members,
-              " context-parallel ranks");
-}
-
 // Forward: all-gather the chunks along `dim`. Backward: this rank's chunk of the gradient.
 struct GatherSequenceFn : torch::autograd::Function<GatherSequenceFn> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, Comm* group, int64_t dim) {
@@ -48,7 +43,8 @@ struct GatherSequenceFn : torch::autograd::Function<GatherSequenceFn> {
 
 at::Tensor split_sequence(const at::Tensor& x, Comm& group, int64_t dim) {
   if (group.size() == 1) return x;
-  check_divisible(x, dim, group.size(), "split_sequence");
+  TORCH_CHECK(x.size(dim) % group.size() == 0, "split_sequence: ", x.size(dim), " tokens do not split evenly over ",
+              group.size(), " context-parallel ranks");
   const int64_t n = x.size(dim) / group.size();
   return x.narrow(dim, group.rank() * n, n);  // narrow's backward scatters into zeros: a partial gradient
 }

@@ -47,4 +47,22 @@ std::string source_path(const std::string& relative) {
   return (fs::path(FLOWTRAIN_SOURCE_DIR) / relative).string();
 }
 
+models::DiT perturbed_small_dit(int64_t depth, uint64_t seed) {
+  models::DiTOptions o;
+  o.input_size = 8;
+  o.patch = 2;
+  o.in_channels = 4;
+  o.hidden = 32;
+  o.depth = depth;
+  o.heads = 2;
+  o.num_classes = 10;
+  o.learn_sigma = false;
+  at::manual_seed(seed);
+  models::DiT m(o);
+  at::NoGradGuard no_grad;
+  for (auto& p : m->parameters())
+    if (p.requires_grad()) p.add_(at::randn(p.sizes()) * 0.05);
+  return m;
+}
+
 }  // namespace flowtrain::test

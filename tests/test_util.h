@@ -1,7 +1,8 @@
-// Small helpers shared by the test binaries: scratch directories and file access.
+// Small helpers shared by the test binaries: scratch directories, file access, a small DiT.
 #pragma once
 
 #include "data/data_error.h"
+#include "models/dit.h"
 
 #include <gtest/gtest.h>
 
@@ -19,6 +20,12 @@ void write_file(const std::string& path, const std::string& bytes);
 // machine) or Debian's /usr/share/datasets/fashion-mnist.
 std::string fashion_mnist_dir();
 bool have_fashion_mnist();
+
+// A small DiT (8×8×4 inputs, patch 2, hidden 32, 2 heads, 10 classes, `depth` blocks) whose
+// weights are moved off the reference init by N(0, 0.05²) noise drawn after seeding the global
+// generator with `seed`: at the adaLN-Zero init the blocks are identities and most gradients
+// zero, which would make gradient comparisons vacuous.
+models::DiT perturbed_small_dit(int64_t depth, uint64_t seed);
 
 // Path of a file in the source tree (configs/…, tests/…).
 std::string source_path(const std::string& relative);

@@ -2,6 +2,7 @@
 // TCPStore). Checks the schedule (prefetch, reduce-scatter during backward) and that the
 // reduced shard gradients equal the unsharded model's gradients on the whole batch.
 #include "rank_runner.h"
+#include "test_util.h"
 
 #include "models/dit.h"
 #include "parallel/fsdp.h"
@@ -15,29 +16,8 @@ using namespace flowtrain;
 
 namespace {
 
-models::DiTOptions small_dit() {
-  models::DiTOptions o;
-  o.input_size = 8;
-  o.patch = 2;
-  o.in_channels = 4;
-  o.hidden = 32;
-  o.depth = 4;
-  o.heads = 2;
-  o.num_classes = 10;
-  o.learn_sigma = false;
-  return o;
-}
-
-// A DiT whose adaLN-Zero outputs are perturbed, so every block contributes to the gradient
-// (at the reference init the blocks are identities and most gradients are zero).
-models::DiT make_model(uint64_t seed) {
-  at::manual_seed(seed);
-  models::DiT m(small_dit());
-  at::NoGradGuard no_grad;
-  for (auto& p : m->parameters())
-    if (p.requires_grad()) p.add_(at::randn(p.sizes()) * 0.05);
-  return m;
-}
+constexpr int kDepth = 4;
+models::DiT make_model(uint64_t seed) { return test::perturbed_small_dit(kDepth, seed); }
 
 int64_t index_of(const std::vector<std::string>& events, const std::string& what) {
   auto it = std::find(events.begin(), events.end(), what);
@@ -65,7 +45,7 @@ TEST(DistFsdp, GathersArePrefetchedReduceScattersOverlapBackwardAndGradsMatchUns
   auto errors = test::run_thread_ranks(world, parallel::MeshShape{}, [&](int rank, parallel::Runtime& runtime) {
     models::DiT& model = models[rank];
     std::vector<std::string> units;
-    for (int i = 0; i < small_dit().depth; ++i) units.push_back("blocks." + std::to_string(i));
+    for (int i = 0; i < kDepth; ++i) units.push_back("blocks." + std::to_string(i));
     parallel::FullyShardedModule fsdp(*model, units, runtime.shard_group(), nullptr, {});
     fsdp.set_event_log(&out[rank].events);
     model->block_runner = [&](int64_t i, const models::BlockCall& call, const at::Tensor& xi, const at::Tensor& c) {
@@ -90,7 +70,7 @@ TEST(DistFsdp, GathersArePrefetchedReduceScattersOverlapBackwardAndGradsMatchUns
   const auto& ev = out[0].events;
   std::string all;
   for (const auto& e : ev) all += e + "\n";
-  const int depth = static_cast<int>(small_dit().depth);
+  const int depth = kDepth;
   for (int i = 0; i + 1 < depth; ++i) {
     const std::string next = "blocks." + std::to_string(i + 1), cur = "blocks." + std::to_string(i);
     ASSERT_GE(index_of(ev, "gather_issue " + next), 0) << all;

@@ -2,6 +2,7 @@
 // block that draws random numbers draws the same ones when it is recomputed.
 #include "models/dit.h"
 #include "parallel/activation_checkpoint.h"
+#include "test_util.h"
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/autocast_mode.h>
@@ -11,28 +12,7 @@ using namespace flowtrain;
 
 namespace {
 
-models::DiTOptions small_dit() {
-  models::DiTOptions o;
-  o.input_size = 8;
-  o.patch = 2;
-  o.in_channels = 4;
-  o.hidden = 32;
-  o.depth = 3;
-  o.heads = 2;
-  o.num_classes = 10;
-  o.learn_sigma = false;
-  return o;
-}
-
-// Perturbed away from the adaLN-Zero init, so every block contributes to every gradient.
-models::DiT make_model() {
-  at::manual_seed(1);
-  models::DiT m(small_dit());
-  at::NoGradGuard no_grad;
-  for (auto& p : m->parameters())
-    if (p.requires_grad()) p.add_(at::randn(p.sizes()) * 0.05);
-  return m;
-}
+models::DiT make_model() { return test::perturbed_small_dit(/*depth=*/3, /*seed=*/1); }
 
 std::map<std::string, at::Tensor> gradients_of(models::DiT& model, const at::Tensor& x, const at::Tensor& t,
                                                const at::Tensor& y, double* loss) {
