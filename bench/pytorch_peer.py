@@ -48,6 +48,28 @@ from pytorch_dit import DiT, flow_matching_loss  # noqa: E402
 PARITY_RTOL = 1e-5
 
 
+# What flowtrain's step does, from the dump's metadata: the peer does the same work or refuses.
+STEP_KEYS = ["precision", "grad_clip", "ema_decay", "ema_warmup", "beta1", "beta2", "eps", "weight_decay",
+             "class_dropout", "timesteps", "logit_mean", "logit_std", "shift", "activation_checkpointing", "tf32"]
+
+
+def unsupported(meta: dict) -> str:
+    """Why the peer cannot run the same step as flowtrain ('' if it can)."""
+    if meta["precision"] not in ("fp32", "bf16"):
+        return f"train.precision={meta['precision']}"
+    if meta["activation_checkpointing"] != "none":
+        return (f"train.activation_checkpointing={meta['activation_checkpointing']} (the peer stores activations; "
+                "comparing against it would compare unequal work)")
+    if meta["timesteps"] not in ("uniform", "logit_normal"):
+        return f"flow.timesteps={meta['timesteps']}"
+    return ""
+
+
+def ema_decay_at(decay: float, warmup: bool, steps_done: int) -> float:
+    """flowtrain's Ema::decay_at: min(decay, (1+n)/(10+n)) with warm-up."""
+    return min(decay, (1 + steps_done) / (10 + steps_done)) if warmup else decay
+
+
 def rss_bytes() -> int:
     """Current resident set size of this process."""
     with open("/proc/self/statm") as f:
@@ -70,10 +92,11 @@ def read_dump(path: str):
         meta = f.metadata() or {}
         tensors = {k: f.get_tensor(k) for k in f.keys()}
     required = ["hidden", "depth", "heads", "patch", "input_size", "in_channels", "num_classes", "learn_sigma",
-                "mlp_ratio", "timestep_scale", "batch_size", "grad_accum", "lr"]
+                "mlp_ratio", "timestep_scale", "batch_size", "grad_accum", "lr"] + STEP_KEYS
     missing = [k for k in required if k not in meta]
     if missing:
-        raise SystemExit(f"{path}: metadata lacks {', '.join(missing)} (not a flowtrain parity dump?)")
+        raise SystemExit(f"{path}: metadata lacks {', '.join(missing)} (not a flowtrain parity dump, or one from an "
+                         "older flowtrain: write it again with `flowtrain bench --parity-dump`)")
     for k in ["x0", "labels", "t", "noise", "loss"]:
         if k not in tensors:
             raise SystemExit(f"{path}: no tensor '{k}' (not a flowtrain parity dump?)")
@@ -258,10 +281,6 @@ def main() -> int:
     ap.add_argument("--check-run", metavar="RUN_DIR",
                     help="also check the loss on trained weights against this `flowtrain train` run on synthetic "
                          "data (a checkpoint at step K, metrics for step K+1; see compare_pytorch.sh)")
-    # Not in the dump's metadata; they do not change the work per step, only the numbers.
-    ap.add_argument("--class-dropout", type=float, default=0.1, help="label dropout probability (default 0.1)")
-    ap.add_argument("--ema-decay", type=float, default=0.9999, help="EMA decay (default 0.9999)")
-    ap.add_argument("--grad-clip", type=float, default=1.0, help="global-norm clip (default 1.0)")
     args = ap.parse_args()
     if args.steps < 0 or args.warmup < 0:
         ap.error("--steps and --warmup must be >= 0")
@@ -278,6 +297,11 @@ def main() -> int:
 
     # ---- parity ---------------------------------------------------------------------------
     meta, dump = read_dump(args.dump)
+    why = unsupported(meta)
+    if why:
+        print(f"pytorch_peer: cannot run flowtrain's step with {why}: no comparison", file=sys.stderr)
+        return 2
+    precision = meta["precision"]
     model = build_model(meta)
     state = {k[len("model."):]: v for k, v in dump.items() if k.startswith("model.")}
     model.load_state_dict(state, strict=True)  # the names and shapes must match exactly
@@ -312,15 +336,17 @@ def main() -> int:
     model.train()
     params = list(model.parameters())
     trainable = [p for p in params if p.requires_grad]  # pos_embed is fixed, as in flowtrain's AdamW
-    # flowtrain's dump carries only lr; betas/eps are torch's AdamW defaults (0.9, 0.999), 1e-8 and
-    # weight_decay 0.0 is flowtrain's default (torch's would be 1e-2: an extra multiply per tensor).
-    # The values change the numbers, not the work per step. Implementation: fused=True, the same
-    # ATen kernel (at::_fused_adamw_) flowtrain calls, on the CPU as on CUDA: the default would be
-    # a per-tensor loop on the CPU, and the comparison is of the training step, not of a flag a
-    # PyTorch user can set.
-    optimizer = torch.optim.AdamW(trainable, lr=float(meta["lr"]), betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0,
-                                  fused=True)
-    ema = [p.detach().clone() for p in params]  # flowtrain's EMA covers every parameter
+    # The optimizer, clip and EMA of flowtrain's config (the dump's metadata). Implementation:
+    # fused=True, the same ATen kernel (at::_fused_adamw_) flowtrain calls, on the CPU as on CUDA:
+    # the default would be a per-tensor loop on the CPU, and the comparison is of the training
+    # step, not of a flag a PyTorch user can set.
+    optimizer = torch.optim.AdamW(trainable, lr=float(meta["lr"]), betas=(float(meta["beta1"]), float(meta["beta2"])),
+                                  eps=float(meta["eps"]), weight_decay=float(meta["weight_decay"]), fused=True)
+    grad_clip, ema_decay = float(meta["grad_clip"]), float(meta["ema_decay"])
+    ema_warmup = meta["ema_warmup"] == "true"
+    ema = [p.detach().clone() for p in params] if ema_decay > 0 else []  # flowtrain's EMA covers every parameter
+    class_dropout = float(meta["class_dropout"])
+    logit_mean, logit_std, shift = float(meta["logit_mean"]), float(meta["logit_std"]), float(meta["shift"])
 
     run_model = model
     compile_s = 0.0
@@ -352,28 +378,47 @@ def main() -> int:
         y = torch.randint(0, num_classes, (batch,))
         return images, y
 
+    step_count = [0]
+
     def train_step() -> float:
         images, y = synthetic_batch()
         images, y = images.to(device), y.to(device)
         total = torch.zeros((), device=device)
         for m in range(accum):
             xm, ym = images[m * micro:(m + 1) * micro], y[m * micro:(m + 1) * micro]
-            # The flow-matching draw, on the CPU like flowtrain's: logit-normal t, noise, label dropout.
-            tm = torch.sigmoid(torch.randn(micro)).to(device)
+            # The flow-matching draw of flowtrain's config, on the CPU like flowtrain's CPU path:
+            # t (logit-normal or uniform, shifted), noise, label dropout.
+            if meta["timesteps"] == "uniform":
+                tm = torch.rand(micro)
+            else:
+                tm = torch.sigmoid(torch.randn(micro) * logit_std + logit_mean)
+            if shift != 1.0:
+                tm = shift * tm / (1 + (shift - 1) * tm)
+            tm = tm.to(device)
             nm = torch.randn(xm.shape).to(device)
-            drop = (torch.rand(micro) < args.class_dropout).to(device)
-            ym = torch.where(drop, torch.full_like(ym, num_classes), ym)
-            loss = flow_matching_loss(run_model, xm, ym, tm, nm)
+            if class_dropout > 0:
+                drop = (torch.rand(micro) < class_dropout).to(device)
+                ym = torch.where(drop, torch.full_like(ym, num_classes), ym)
+            # bf16: autocast over the forward and the loss, as flowtrain's train.precision=bf16.
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16"):
+                loss = flow_matching_loss(run_model, xm, ym, tm, nm)
             (loss / accum).backward()
             total += loss.detach() / accum
-        if args.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(trainable, args.grad_clip)
+        if grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(trainable, grad_clip)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        with torch.no_grad():
-            torch._foreach_lerp_(ema, [p.detach() for p in params], 1.0 - args.ema_decay)
+        if ema:
+            with torch.no_grad():
+                decay = ema_decay_at(ema_decay, ema_warmup, step_count[0])
+                torch._foreach_lerp_(ema, [p.detach() for p in params], 1.0 - decay)
+        step_count[0] += 1
         return float(total)  # host sync, like flowtrain's per-step loss.item()
 
+    # The parity checks ran at full fp32 (the dump's loss is a CPU fp32 one); the timed steps use
+    # flowtrain's train.tf32 on CUDA: the same fp32 matmul precision on both sides.
+    if device.type == "cuda":
+        torch.set_float32_matmul_precision("high" if meta["tf32"] == "true" else "highest")
     rss_before_first_step = rss_bytes()
     step_times = []
     try:
@@ -398,7 +443,7 @@ def main() -> int:
     report = {
         "implementation": implementation,
         "device": str(device),
-        "precision": "fp32",
+        "precision": precision,
         "threads": torch.get_num_threads(),
         "batch": batch,
         "tokens_per_sample": tokens_per_sample,
@@ -428,7 +473,7 @@ def main() -> int:
         "grad_accum": accum,
     }
     mib = 1 / 1048576
-    print(f"{implementation} on {device} (fp32, {report['threads']} threads) | batch {batch} x {tokens_per_sample} "
+    print(f"{implementation} on {device} ({precision}, {report['threads']} threads) | batch {batch} x {tokens_per_sample} "
           f"tokens ({accum} micro-batches) | {report['params_m']:.2f}M params | torch {torch.__version__}")
     print(f"step time median {median:.4f} s (p10 {report['step_time_p10_s']:.4f}, p90 {report['step_time_p90_s']:.4f}, "
           f"min {report['step_time_min_s']:.4f}, max {report['step_time_max_s']:.4f}) over {args.steps} steps after "

@@ -112,6 +112,10 @@ Batch Loader::assemble(const LoaderState& start) {
     const int64_t before = (options_.image_size - side) / 2, after = options_.image_size - side - before;
     batch.images = at::constant_pad_nd(batch.images, {before, after, before, after}, -1.0);
   }
+  if (options_.pin_memory) {
+    batch.images = batch.images.pin_memory();
+    batch.labels = batch.labels.pin_memory();
+  }
   batch.state_after = {start.epoch, start.position + options_.global_batch};
   return batch;
 }

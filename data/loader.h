@@ -36,6 +36,9 @@ struct LoaderOptions {
   uint64_t seed = 0;
   int64_t rank = 0, world = 1;
   int64_t image_size = 0;     // pad (with −1 = black) to this side; 0 = keep the dataset's size
+  // Batches in page-locked host memory (the workers pin them), so the trainer's host→device copy
+  // is a DMA that runs asynchronously (non_blocking). Only for CUDA runs: pinning needs CUDA.
+  bool pin_memory = false;
 };
 
 struct Batch {

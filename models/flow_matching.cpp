@@ -25,12 +25,13 @@ at::Tensor shift_time(const at::Tensor& t, double alpha) {
 
 at::Tensor TimestepSampler::sample(int64_t n, at::Generator& gen, const at::TensorOptions& options) const {
   // Drawn in fp32 on the generator's device, then moved: the draw is the same on any device
-  // the caller trains on only if the generator is a CPU one, which the trainer uses for this.
+  // the caller trains on only if the generator is a CPU one.
+  const auto on_gen = at::TensorOptions().dtype(at::kFloat).device(gen.device());
   at::Tensor t;
   if (distribution == TimestepDistribution::Uniform) {
-    t = at::rand({n}, gen, at::TensorOptions().dtype(at::kFloat));
+    t = at::rand({n}, gen, on_gen);
   } else {
-    t = at::sigmoid(at::randn({n}, gen, at::TensorOptions().dtype(at::kFloat)) * logit_std + logit_mean);
+    t = at::sigmoid(at::randn({n}, gen, on_gen) * logit_std + logit_mean);
   }
   return shift_time(t, shift).to(options);
 }
@@ -48,18 +49,20 @@ at::Tensor interpolate(const at::Tensor& x0, const at::Tensor& noise, const at::
 
 at::Tensor drop_labels(const at::Tensor& labels, double p, int64_t null_class, at::Generator& gen) {
   if (p <= 0) return labels;
-  at::Tensor drop = at::rand({labels.size(0)}, gen, at::TensorOptions().dtype(at::kFloat)).lt(p).to(labels.device());
+  at::Tensor drop = at::rand({labels.size(0)}, gen, at::TensorOptions().dtype(at::kFloat).device(gen.device()))
+                       .lt(p)
+                       .to(labels.device());
   return at::where(drop, at::full_like(labels, null_class), labels);
 }
 
 FlowMatchingDraw draw_flow_matching_inputs(const at::Tensor& x0, const at::Tensor& labels,
                                            const TimestepSampler& timesteps, double label_dropout,
                                            int64_t null_class, at::Generator& gen) {
-  // Drawn on the CPU generator whatever the training device, so a run's draws do not depend on
-  // where it runs (and a resumed run reproduces them).
+  // Drawn on the generator's device (a CPU generator gives the same draws whatever device the
+  // model trains on), then moved to x0's.
   FlowMatchingDraw d;
   d.t = timesteps.sample(x0.size(0), gen, x0.options());
-  d.noise = at::randn(x0.sizes(), gen, x0.options().device(at::kCPU)).to(x0.device());
+  d.noise = at::randn(x0.sizes(), gen, x0.options().device(gen.device())).to(x0.device());
   d.labels = drop_labels(labels, label_dropout, null_class, gen);
   return d;
 }

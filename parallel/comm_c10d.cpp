@@ -1,6 +1,7 @@
 // c10d-backed process groups (the only file that includes the c10d headers).
 #define USE_C10D_GLOO 1
 #include "parallel/c10d_backends.h"
+#include "parallel/collective_watchdog.h"
 #include "parallel/runtime.h"
 
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
@@ -12,6 +13,8 @@
 #include <spdlog/spdlog.h>
 
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <mutex>
 
 namespace flowtrain::parallel {
@@ -41,6 +44,7 @@ class C10dWork : public Work {
     done_ = true;
     if (then_) then_();
   }
+  bool completed() override { return done_ || work_->isCompleted(); }
 
  private:
   c10::intrusive_ptr<c10d::Work> work_;
@@ -51,8 +55,11 @@ class C10dWork : public Work {
 
 class C10dComm : public Comm {
  public:
-  C10dComm(c10::intrusive_ptr<c10d::Backend> backend, std::string name, bool native_avg)
-      : backend_(std::move(backend)), name_(std::move(name)), native_avg_(native_avg) {}
+  // `watchdog` (may be null): where collectives whose wait() does not block the host (NCCL) get
+  // their host-side deadline.
+  C10dComm(c10::intrusive_ptr<c10d::Backend> backend, std::string name, bool native_avg,
+           CollectiveWatchdog* watchdog = nullptr)
+      : backend_(std::move(backend)), name_(std::move(name)), native_avg_(native_avg), watchdog_(watchdog) {}
   int64_t rank() const override { return backend_->getRank(); }
   int64_t size() const override { return backend_->getSize(); }
   const std::string& name() const override { return name_; }
@@ -104,6 +111,7 @@ class C10dComm : public Comm {
         recv->wait();
         send->wait();
       }
+      bool completed() override { return recv->completed() && send->completed(); }
     };
     auto both = std::make_shared<Both>();
     both->recv = run("recv", [&] { return backend_->recv(ins, static_cast<int>(src), static_cast<int>(tag)); });
@@ -132,6 +140,7 @@ class C10dComm : public Comm {
     } catch (const std::exception& e) {
       throw CommError(fmt::format("{} failed: {}", what, first_line(e.what())));
     }
+    if (watchdog_) watchdog_->watch(what, [work] { return work->isCompleted(); });
     auto handle = std::make_shared<C10dWork>(std::move(work), what, std::move(then));
     struct Observed : Work {
       std::shared_ptr<C10dWork> inner;
@@ -140,6 +149,7 @@ class C10dComm : public Comm {
         inner->wait();
         notify_comm_event({CommEvent::Wait, group, op, ""});
       }
+      bool completed() override { return inner->completed(); }
     };
     auto observed = std::make_shared<Observed>();
     observed->inner = handle;
@@ -151,6 +161,7 @@ class C10dComm : public Comm {
   c10::intrusive_ptr<c10d::Backend> backend_;
   std::string name_;
   bool native_avg_;
+  CollectiveWatchdog* watchdog_;
 };
 
 std::string group_name(const char* kind, const std::vector<int64_t>& ranks) {
@@ -186,6 +197,15 @@ class C10dRuntime : public Runtime {
       check_world_agreement(timeout);
     }
     if (backend_ == "gloo") make_device(o);
+    if (backend_ == "nccl") {
+      // NCCL's wait() does not block the host: give every collective a host-side deadline.
+      watchdog_ = std::make_unique<CollectiveWatchdog>(timeout, [rank = env_.rank](const std::string& message) {
+        std::fprintf(stderr, "flowtrain: distributed failure (a peer died, hung or disagreed) on rank %lld: %s\n",
+                     static_cast<long long>(rank), message.c_str());
+        std::fflush(stderr);
+        std::_Exit(1);  // NCCL teardown with a collective in flight can block: leave now
+      });
+    }
     world_ = make_group("world", all_ranks(), timeout);
     shard_ = make_group("shard", mesh_.shard_group(env_.rank), timeout);
     replicate_ = make_group("replicate", mesh_.replicate_group(env_.rank), timeout);
@@ -207,6 +227,7 @@ class C10dRuntime : public Runtime {
     replicate_.reset();
     shard_.reset();
     world_.reset();
+    watchdog_.reset();
   }
 
  private:
@@ -269,7 +290,7 @@ class C10dRuntime : public Runtime {
         throw CommError(fmt::format("creating NCCL process group {} failed: {}", name, first_line(e.what())));
       }
       nccl_backends_.push_back(pg);
-      return std::make_unique<C10dComm>(pg, name, /*native_avg=*/true);
+      return std::make_unique<C10dComm>(pg, name, /*native_avg=*/true, watchdog_.get());
     }
     auto opts = c10d::ProcessGroupGloo::Options::create(timeout);
     opts->devices.push_back(device_);
@@ -290,6 +311,7 @@ class C10dRuntime : public Runtime {
   std::shared_ptr<::gloo::transport::Device> device_;
   c10::Device device_index_{c10::kCPU};
   std::vector<c10::intrusive_ptr<c10d::Backend>> nccl_backends_;
+  std::unique_ptr<CollectiveWatchdog> watchdog_;  // NCCL only; outlives the groups that report to it
   std::unique_ptr<Comm> world_, shard_, replicate_, context_;
 };
 

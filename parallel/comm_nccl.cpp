@@ -25,7 +25,14 @@ c10::intrusive_ptr<c10d::Backend> make_nccl_backend(const c10::intrusive_ptr<c10
   c10::cuda::set_device(device.index());
   auto opts = c10d::ProcessGroupNCCL::Options::create();
   opts->timeout = timeout;
-  return c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank, size, opts);
+  auto pg = c10::make_intrusive<c10d::ProcessGroupNCCL>(store, rank, size, opts);
+  // Bound to this rank's device and connected now (what init_process_group(device_id=…) does):
+  // NCCL never has to guess the device from a tensor, and the communicator is created
+  // collectively here, while every rank is in the same place, instead of lazily inside the first
+  // collective of each group.
+  pg->setBoundDeviceId(device);
+  pg->eagerConnectSingleDevice(device);
+  return pg;
 }
 
 void shutdown_nccl_backend(const c10::intrusive_ptr<c10d::Backend>& backend) {

@@ -8,12 +8,12 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <cstdlib>
 #include <stdexcept>
 
 namespace flowtrain::parallel {
 
 struct FullyShardedModule::Unit {
-  int64_t index = 0;
   FsdpUnitLayout layout;
   std::vector<at::Tensor> params;  // the module's own parameters, in layout order
   at::Tensor shard;                // fp32 master slice [shard_numel], a leaf for the optimizer
@@ -22,9 +22,22 @@ struct FullyShardedModule::Unit {
   WorkHandle gather_work;
   at::Tensor gather_input;
   WorkHandle reduce_work;
-  at::Tensor reduce_input, reduce_output;
+  at::Tensor reduce_input, reduce_output;  // the flat unsharded gradient and this rank's reduced slice
+  WorkHandle replica_work;                 // HSDP all-reduce of `reduced`
+  at::Tensor reduced;
   int64_t grads_ready = 0;
 };
+
+ReductionFault reduction_fault_from_env() {
+  const char* v = std::getenv("FLOWTRAIN_FAULT_REDUCTION");
+  if (!v || !*v) return ReductionFault::None;
+  const std::string s = v;
+  if (s == "sum_over_shard_group") return ReductionFault::SumOverShardGroup;
+  if (s == "no_context_sum") return ReductionFault::NoContextSum;
+  if (s == "sum_over_replicas") return ReductionFault::SumOverReplicas;
+  throw std::invalid_argument("FLOWTRAIN_FAULT_REDUCTION='" + s +
+                              "': expected sum_over_shard_group, no_context_sum or sum_over_replicas");
+}
 
 namespace {
 
@@ -35,37 +48,65 @@ struct GradReadyHook : torch::autograd::PostAccumulateGradHook {
   std::function<void()> fn;
 };
 
-bool in_unit(const std::string& name, const std::string& prefix) {
+bool under(const std::string& name, const std::string& prefix) {
   return name.size() > prefix.size() && name.compare(0, prefix.size(), prefix) == 0 && name[prefix.size()] == '.';
 }
 
 }  // namespace
 
-FullyShardedModule::FullyShardedModule(torch::nn::Module& module, const std::vector<std::string>& unit_prefixes,
-                                       Comm& shard, Comm* replicate, FsdpOptions options)
+FullyShardedModule::FullyShardedModule(torch::nn::Module& module, const FsdpPlan& plan, Comm& shard,
+                                       Comm* replicate, FsdpOptions options)
     : module_(module), shard_(shard), replicate_(replicate), options_(options) {
   const int64_t n = shard.size(), r = shard.rank();
-  for (size_t i = 0; i <= unit_prefixes.size(); ++i) {
-    auto u = std::make_unique<Unit>();
-    u->index = static_cast<int64_t>(i);
-    u->layout.name = i < unit_prefixes.size() ? unit_prefixes[i] : "root";
-    units_.push_back(std::move(u));
+  // Candidate units in execution order; the stem and head are dropped below if nothing falls in them.
+  struct Candidate {
+    std::string name;
+    std::vector<std::string> prefixes;
+  };
+  std::vector<Candidate> candidates;
+  candidates.push_back({"stem", plan.stem});
+  for (const auto& b : plan.blocks) candidates.push_back({b, {b}});
+  candidates.push_back({"head", plan.head});
+  std::vector<std::unique_ptr<Unit>> all(candidates.size());
+  for (size_t i = 0; i < all.size(); ++i) {
+    all[i] = std::make_unique<Unit>();
+    all[i]->layout.name = candidates[i].name;
   }
   for (const auto& item : module.named_parameters(/*recurse=*/true)) {
     if (!item.value().requires_grad()) continue;  // fixed tables stay replicated
-    Unit* owner = units_.back().get();
-    for (size_t i = 0; i < unit_prefixes.size(); ++i)
-      if (in_unit(item.key(), unit_prefixes[i])) owner = units_[i].get();
+    Unit* owner = nullptr;
+    for (size_t i = 0; i < candidates.size(); ++i)
+      for (const auto& prefix : candidates[i].prefixes) {
+        if (!under(item.key(), prefix)) continue;
+        if (owner && owner != all[i].get())
+          throw std::invalid_argument(fmt::format("FSDP: parameter '{}' falls in two units ('{}' and '{}')", item.key(),
+                                                  owner->layout.name, all[i]->layout.name));
+        owner = all[i].get();
+      }
+    if (!owner)
+      throw std::invalid_argument(fmt::format("FSDP: parameter '{}' belongs to no unit (stem [{}], head [{}], {} blocks)",
+                                              item.key(), fmt::join(plan.stem, ", "), fmt::join(plan.head, ", "),
+                                              plan.blocks.size()));
     const at::Tensor& p = item.value();
     owner->layout.params.push_back({item.key(), p.sizes().vec(), owner->layout.numel, p.numel()});
     owner->layout.numel += p.numel();
     owner->params.push_back(p);
   }
+  for (size_t i = 0; i < all.size(); ++i) {
+    const bool is_block = i > 0 && i + 1 < all.size();
+    if (all[i]->params.empty()) {
+      if (is_block) throw std::invalid_argument("FSDP unit '" + all[i]->layout.name + "' has no trainable parameters");
+      continue;
+    }
+    if (is_block) blocks_.push_back(all[i].get());
+    else if (i == 0) stem_ = all[i].get();
+    else head_ = all[i].get();
+    units_.push_back(std::move(all[i]));
+  }
 
   at::NoGradGuard no_grad;
   for (auto& u : units_) {
     FsdpUnitLayout& l = u->layout;
-    if (l.params.empty()) throw std::invalid_argument("FSDP unit '" + l.name + "' has no trainable parameters");
     l.padded_numel = (l.numel + n - 1) / n * n;
     l.shard_numel = l.padded_numel / n;
     const auto device = u->params.front().device();
@@ -99,6 +140,7 @@ void FullyShardedModule::event(const std::string& what) {
 
 void FullyShardedModule::release(Unit& u) {
   if (!u.gathered) return;
+  event("release " + u.layout.name);
   c10::StorageImpl* storage = u.full.storage().unsafeGetStorageImpl();
   storage->set_data_ptr_noswap(at::DataPtr(nullptr, u.full.device()));
   storage->set_nbytes(0);
@@ -129,31 +171,52 @@ void FullyShardedModule::wait_gather(Unit& u) {
 }
 
 void FullyShardedModule::begin_forward() {
-  wait_gather(*units_.back());  // root: embedders now, final layer at the end
-  if (units_.size() > 1 && options_.prefetch) start_gather(*units_.front());
+  // The stem is needed at once; block 0's gather travels with it.
+  if (stem_) start_gather(*stem_);
+  if (!blocks_.empty() && options_.prefetch) start_gather(*blocks_.front());
+  if (stem_) wait_gather(*stem_);
+  if (blocks_.empty() && head_) wait_gather(*head_);
 }
 
-at::Tensor FullyShardedModule::run_unit(int64_t index, const std::function<at::Tensor()>& call) {
-  const int64_t blocks = static_cast<int64_t>(units_.size()) - 1;
-  TORCH_CHECK(index >= 0 && index < blocks, "FSDP: no block unit ", index);
-  Unit& u = *units_[index];
+at::Tensor FullyShardedModule::run_unit(int64_t index, const std::vector<at::Tensor>& inputs,
+                                        const std::function<at::Tensor()>& call) {
+  const int64_t count = static_cast<int64_t>(blocks_.size());
+  TORCH_CHECK(index >= 0 && index < count, "FSDP: no block unit ", index);
+  Unit& u = *blocks_[index];
+  const bool training = at::GradMode::is_enabled();
+  const bool last = index == count - 1;
   wait_gather(u);
-  if (options_.prefetch && index + 1 < blocks) start_gather(*units_[index + 1]);
+  // The stem's modules ran before block 0: its weights can go (backward gathers them again).
+  if (index == 0 && stem_ && options_.reshard_after_forward) release(*stem_);
+  if (options_.prefetch) {
+    if (!last) start_gather(*blocks_[index + 1]);
+    else if (head_) start_gather(*head_);  // the final layer runs right after this block
+  }
   event("forward_begin " + u.layout.name);
   at::Tensor out = call();
   event("forward_end " + u.layout.name);
-  const bool training = at::GradMode::is_enabled();
+  if (last && head_) wait_gather(*head_);
   // The last block's backward comes first: keep it rather than free and re-gather at once.
-  if (options_.reshard_after_forward && !(training && index == blocks - 1)) release(u);
+  if (options_.reshard_after_forward && !(training && last)) release(u);
   if (training && out.requires_grad()) out.register_hook([this, index](const at::TensorBase&) { pre_backward(index); });
+  if (training && index == 0 && stem_) {
+    // Block 0's inputs get their gradients when its backward is done, just before the stem's
+    // modules run backward: the stem (prefetched by pre_backward(0)) must be here by then.
+    for (const auto& input : inputs)
+      if (input.defined() && input.requires_grad())
+        const_cast<at::Tensor&>(input).register_hook([this](const at::TensorBase&) { wait_gather(*stem_); });
+  }
   return out;
 }
 
 void FullyShardedModule::pre_backward(int64_t index) {
-  Unit& u = *units_[index];
+  Unit& u = *blocks_[index];
   event("backward_begin " + u.layout.name);
   wait_gather(u);
-  if (options_.prefetch && index > 0) start_gather(*units_[index - 1]);
+  if (options_.prefetch) {
+    if (index > 0) start_gather(*blocks_[index - 1]);
+    else if (stem_) start_gather(*stem_);
+  }
 }
 
 void FullyShardedModule::on_grad_ready(Unit& u) {
@@ -161,14 +224,17 @@ void FullyShardedModule::on_grad_ready(Unit& u) {
   u.grads_ready = 0;
   // Every gradient of the unit is in: its backward is over, so the gathered weights can go,
   // and the reduction can start while the next unit's backward computes.
-  if (sync_ || options_.reduce_every_micro_batch) start_reduce(u);
   release(u);
+  if (sync_ || options_.reduce_every_micro_batch) start_reduce(u);
+  finish_reduces(kMaxReducesInFlight);
 }
 
 void FullyShardedModule::start_reduce(Unit& u) {
   bool any = false;
   for (const auto& p : u.params) any = any || p.grad().defined();
   if (!any || u.reduce_work) return;
+  // Make room first: this unit's flat gradient is about to be allocated.
+  finish_reduces(kMaxReducesInFlight - 1);
   RECORD_USER_SCOPE("fsdp.reduce_scatter");
   event("reduce_issue " + u.layout.name);
   at::NoGradGuard no_grad;
@@ -181,31 +247,64 @@ void FullyShardedModule::start_reduce(Unit& u) {
     p.mutable_grad() = at::Tensor();  // the unsharded gradient is no longer needed
   }
   u.reduce_output = at::empty({u.layout.shard_numel}, opts);
-  u.reduce_work = shard_.reduce_scatter(u.reduce_output, u.reduce_input, ReduceOp::Avg);
+  const ReduceOp op = options_.fault == ReductionFault::SumOverShardGroup ? ReduceOp::Sum : ReduceOp::Avg;
+  u.reduce_work = shard_.reduce_scatter(u.reduce_output, u.reduce_input, op);
+  reducing_.push_back(&u);
+}
+
+void FullyShardedModule::finish_reduces(size_t max_in_flight) {
+  // Oldest first, so the replicate group's all-reduces are issued in the same order on every
+  // rank (unit order), whatever the timing of completions.
+  while (!reducing_.empty() && (reducing_.size() > max_in_flight || reducing_.front()->reduce_work->completed())) {
+    Unit& u = *reducing_.front();
+    reducing_.pop_front();
+    finish_reduce(u);
+  }
+}
+
+void FullyShardedModule::finish_reduce(Unit& u) {
+  {
+    RECORD_USER_SCOPE("fsdp.wait_reduce_scatter");
+    u.reduce_work->wait();
+  }
+  event("reduce_done " + u.layout.name);
+  at::NoGradGuard no_grad;
+  at::Tensor reduced = u.reduce_output.to(at::kFloat);
+  u.reduce_work.reset();
+  u.reduce_input.reset();  // the unit's flat unsharded gradient: freed as soon as it is reduced
+  u.reduce_output.reset();
+  if (options_.context_parallel > 1 && options_.fault != ReductionFault::NoContextSum)
+    reduced.mul_(static_cast<double>(options_.context_parallel));
+  if (replicate_ && replicate_->size() > 1) {
+    RECORD_USER_SCOPE("fsdp.all_reduce_replicas");
+    const ReduceOp op = options_.fault == ReductionFault::SumOverReplicas ? ReduceOp::Sum : ReduceOp::Avg;
+    u.reduced = reduced;
+    u.replica_work = replicate_->all_reduce(u.reduced, op);
+    return;
+  }
+  accumulate_shard_grad(u, reduced);
+}
+
+void FullyShardedModule::accumulate_shard_grad(Unit& u, const at::Tensor& reduced) {
+  if (u.shard.grad().defined()) u.shard.mutable_grad().add_(reduced);
+  else u.shard.mutable_grad() = reduced;
 }
 
 void FullyShardedModule::finish_backward() {
   if (sync_ || options_.reduce_every_micro_batch)
     for (auto& u : units_) start_reduce(*u);  // units whose gradients did not all arrive
+  finish_reduces(0);
   at::NoGradGuard no_grad;
   for (auto& u : units_) {
     u->grads_ready = 0;
-    if (!u->reduce_work) continue;
+    if (!u->replica_work) continue;
     {
-      RECORD_USER_SCOPE("fsdp.wait_reduce_scatter");
-      u->reduce_work->wait();
+      RECORD_USER_SCOPE("fsdp.wait_all_reduce_replicas");
+      u->replica_work->wait();
     }
-    at::Tensor reduced = u->reduce_output.to(at::kFloat);
-    if (options_.context_parallel > 1) reduced.mul_(static_cast<double>(options_.context_parallel));
-    if (replicate_ && replicate_->size() > 1) {
-      RECORD_USER_SCOPE("fsdp.all_reduce_replicas");
-      replicate_->all_reduce(reduced, ReduceOp::Avg)->wait();
-    }
-    if (u->shard.grad().defined()) u->shard.mutable_grad().add_(reduced);
-    else u->shard.mutable_grad() = reduced;
-    u->reduce_work.reset();
-    u->reduce_input.reset();
-    u->reduce_output.reset();
+    accumulate_shard_grad(*u, u->reduced);
+    u->replica_work.reset();
+    u->reduced.reset();
   }
   event("backward_end");
   reshard_all();
@@ -281,13 +380,6 @@ int64_t FullyShardedModule::shard_bytes() const {
     if (u->shard.grad().defined()) bytes += u->shard.grad().numel() * u->shard.grad().element_size();
   }
   return bytes;
-}
-
-int64_t FullyShardedModule::max_unit_bytes() const {
-  int64_t most = 0;
-  for (const auto& u : units_)
-    most = std::max<int64_t>(most, u->layout.padded_numel * static_cast<int64_t>(c10::elementSize(options_.compute_dtype)));
-  return most;
 }
 
 }  // namespace flowtrain::parallel

@@ -1,23 +1,30 @@
 // FSDP-style sharding (ZeRO-3 semantics) of a torch::nn::Module, in the way PyTorch's FSDP
 // works mechanically (notes/parallel.md):
 //
-//  • A unit is a set of parameters (one per transformer block, plus a root unit holding the rest:
-//    embedders and final layer). Its trainable parameters are flattened, in registration order,
-//    into one buffer padded to a multiple of the shard-group size N; rank r owns the fp32 master
-//    slice [r·S, (r+1)·S), S = padded / N. The AdamW state and the EMA exist only for that slice.
+//  • A unit is a set of parameters: the stem (what runs before the first block: embedders), one
+//    unit per transformer block, and the head (what runs after the last block: final layer).
+//    Its trainable parameters are flattened, in registration order, into one buffer padded to a
+//    multiple of the shard-group size N; rank r owns the fp32 master slice [r·S, (r+1)·S),
+//    S = padded / N. The AdamW state and the EMA exist only for that slice.
 //  • The module's parameters stay the module's own leaf tensors (so autograd, hooks and the
 //    model code are unchanged), but their data are views into the unit's unsharded buffer
 //    `full` in the compute dtype. Resharding releases that buffer's storage (the views and any
 //    tensors autograd saved from them keep pointing at the same storage object); gathering
 //    allocates it again and all-gathers the shards into it. This is FSDP1's storage-resize trick.
-//  • Forward: gather unit i (usually already in flight), issue unit i+1's gather, run unit i,
-//    release it (reshard_after_forward). A hook on unit i's output fires when its gradient
-//    arrives, i.e. right before unit i's backward: re-gather unit i, issue unit i−1's gather.
-//  • Backward: a post-accumulate-grad hook counts a unit's gradients; when the last one lands,
-//    the gradients are flattened (reduce dtype) and reduce-scattered (average over the shard
-//    group) asynchronously while the next unit's backward runs, and the unit is released.
-//    finish_backward() waits for the reductions, all-reduces them over the replicate group
-//    (HSDP) and accumulates them into the shards' .grad in fp32.
+//  • Forward: the stem's and block 0's gathers are issued together; the stem is released when
+//    block 0 starts (the embedders have run). Block i is gathered (usually already in flight),
+//    block i+1's gather is issued, block i runs and is released (reshard_after_forward). The
+//    head's gather is issued when the last block starts and waited for when it ends.
+//  • Backward: a hook on block i's output fires when its gradient arrives, i.e. right before
+//    block i's backward: re-gather block i, issue block i−1's gather (block 0 prefetches the
+//    stem, which a hook on block 0's inputs waits for before the embedders' backward). A
+//    post-accumulate-grad hook counts a unit's gradients; when the last one lands the unit is
+//    released and its gradients are flattened (reduce dtype) and reduce-scattered (average over
+//    the shard group) while the next unit's backward runs. At most kMaxReducesInFlight flat
+//    gradient buffers exist at once: each is freed as its reduce-scatter completes (polled at
+//    every unit boundary, waited for when the bound is reached), and the reduced shard then
+//    starts its all-reduce over the replicate group (HSDP), also asynchronous.
+//    finish_backward() waits for what is still in flight and accumulates into the shards' .grad.
 //
 // Parameters with requires_grad = false (DiT's fixed pos_embed) are not sharded: every rank
 // keeps its own copy, as a buffer would be.
@@ -28,12 +35,25 @@
 #include <ATen/ATen.h>
 #include <torch/nn/module.h>
 
+#include <deque>
 #include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
 namespace flowtrain::parallel {
+
+// Deliberately wrong gradient reductions, for the tests that must show the equivalence checks
+// catch each reduction factor (FLOWTRAIN_FAULT_REDUCTION; never set in a real run).
+enum class ReductionFault {
+  None,
+  SumOverShardGroup,     // sum instead of the data-parallel mean: gradients × (dp_shard · cp)
+  NoContextSum,          // the × cp for context ranks' partial sums skipped: gradients ÷ cp
+  SumOverReplicas,       // HSDP replicas summed instead of averaged: gradients × dp_replicate
+};
+// Parses FLOWTRAIN_FAULT_REDUCTION (sum_over_shard_group | no_context_sum | sum_over_replicas);
+// unset or empty = None. Throws std::invalid_argument on another value.
+ReductionFault reduction_fault_from_env();
 
 struct FsdpOptions {
   bool reshard_after_forward = true;
@@ -46,6 +66,15 @@ struct FsdpOptions {
   // while data-parallel ranks' gradients (other samples) are averaged. The reduce-scatter
   // averages over all dp_shard · cp members, then multiplies by cp.
   int64_t context_parallel = 1;
+  ReductionFault fault = ReductionFault::None;
+};
+
+// Which parameters form which unit, by module-name prefix ("x_embedder", "blocks.3"). Every
+// trainable parameter must fall under exactly one prefix.
+struct FsdpPlan {
+  std::vector<std::string> stem;    // modules that run before the first block (embedders)
+  std::vector<std::string> blocks;  // one unit each, in execution order
+  std::vector<std::string> head;    // modules that run after the last block (final layer)
 };
 
 // Where each parameter lives in its unit's flat buffer (also the checkpoint's layout record).
@@ -55,27 +84,31 @@ struct FsdpParamLayout {
   int64_t offset = 0, numel = 0;
 };
 struct FsdpUnitLayout {
-  std::string name;  // "blocks.3" | "root"
+  std::string name;  // "stem" | "blocks.3" | "head"
   int64_t numel = 0, padded_numel = 0, shard_numel = 0;
   std::vector<FsdpParamLayout> params;
 };
 
 class FullyShardedModule {
  public:
-  // `unit_prefixes` name the block units in execution order ("blocks.0", …); every other
-  // trainable parameter joins the root unit. `replicate` may be null (no HSDP). The module's
-  // current weights must be identical on every rank (same seed); each rank keeps its slice.
-  FullyShardedModule(torch::nn::Module& module, const std::vector<std::string>& unit_prefixes, Comm& shard,
-                     Comm* replicate, FsdpOptions options);
+  // Flat gradient buffers (one unit's unsharded gradient each) alive at once during backward.
+  static constexpr size_t kMaxReducesInFlight = 2;
+
+  // `replicate` may be null (no HSDP). The module's current weights must be identical on every
+  // rank (same seed); each rank keeps its slice. Throws std::invalid_argument naming a trainable
+  // parameter that no prefix of the plan (or more than one) covers.
+  FullyShardedModule(torch::nn::Module& module, const FsdpPlan& plan, Comm& shard, Comm* replicate,
+                     FsdpOptions options);
   ~FullyShardedModule();
   FullyShardedModule(const FullyShardedModule&) = delete;
   FullyShardedModule& operator=(const FullyShardedModule&) = delete;
 
   // --- the training step -------------------------------------------------------------------
-  // Before the model's forward: gathers the root unit, starts block 0's gather.
+  // Before every forward of the model (training or sampling): gathers the stem, starts block 0's gather.
   void begin_forward();
-  // Runs block unit `index` (the model's BlockRunner calls this around each block).
-  at::Tensor run_unit(int64_t index, const std::function<at::Tensor()>& call);
+  // Runs block unit `index` (the model's BlockRunner calls this around each block); `inputs`
+  // are the block's tensor inputs (block 0's are hooked to wait for the stem's re-gather).
+  at::Tensor run_unit(int64_t index, const std::vector<at::Tensor>& inputs, const std::function<at::Tensor()>& call);
   // false on all but the last micro-batch of a gradient-accumulation step: gradients then
   // accumulate unsharded and are reduced once (unless reduce_every_micro_batch).
   void set_gradient_sync(bool sync) { sync_ = sync; }
@@ -85,9 +118,10 @@ class FullyShardedModule {
   void reshard_all();
 
   // --- the sharded state -------------------------------------------------------------------
+  // In execution order: stem, blocks, head.
   const std::vector<FsdpUnitLayout>& layout() const { return layouts_; }
   // One fp32 master shard per unit (leaf tensors with .grad after finish_backward), for the
-  // optimizer and the checkpoint; named by unit.
+  // optimizer and the checkpoint; named by unit, in layout() order.
   std::vector<std::pair<std::string, at::Tensor>> named_shards() const;
   // Temporarily read weights from other shards (e.g. the EMA's) in forward; `shards` must match
   // named_shards() in order and shape. Swapping twice restores.
@@ -102,11 +136,11 @@ class FullyShardedModule {
   // Bytes this rank holds persistently: master shards + their gradients (not the transient
   // gathered buffers). For the memory report.
   int64_t shard_bytes() const;
-  int64_t max_unit_bytes() const;  // largest gathered unit, compute dtype
 
   // Instrumentation for the overlap test: when set, events are appended in the order they
-  // happen ("gather_issue blocks.3", "forward_begin blocks.2", "forward_end blocks.2",
-  // "backward_begin blocks.5", "reduce_issue blocks.5", "backward_end").
+  // happen ("gather_issue blocks.3", "release stem", "forward_begin blocks.2", "forward_end
+  // blocks.2", "backward_begin blocks.5", "reduce_issue blocks.5", "reduce_done blocks.5",
+  // "backward_end").
   void set_event_log(std::vector<std::string>* log) { events_ = log; }
 
  private:
@@ -117,14 +151,21 @@ class FullyShardedModule {
   void pre_backward(int64_t index);
   void on_grad_ready(Unit& u);
   void start_reduce(Unit& u);
+  void finish_reduces(size_t max_in_flight);
+  void finish_reduce(Unit& u);
+  void accumulate_shard_grad(Unit& u, const at::Tensor& reduced);
   void event(const std::string& what);
 
   torch::nn::Module& module_;
   Comm& shard_;
   Comm* replicate_;
   FsdpOptions options_;
-  std::vector<std::unique_ptr<Unit>> units_;  // blocks in order, root last
+  std::vector<std::unique_ptr<Unit>> units_;  // execution order: stem, blocks, head
+  std::vector<Unit*> blocks_;
+  Unit* stem_ = nullptr;  // null when the plan has no stem parameters
+  Unit* head_ = nullptr;
   std::vector<FsdpUnitLayout> layouts_;
+  std::deque<Unit*> reducing_;  // reduce-scatters in flight, oldest first
   bool sync_ = true;
   std::vector<std::string>* events_ = nullptr;
 };

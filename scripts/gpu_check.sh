@@ -1,16 +1,27 @@
 #!/usr/bin/env bash
 # The one GPU check, run on the H200 machine through the device tool (see ../shared/notes/gpu.md):
 #   here:   ../shared/tools/device-debs.sh .debs dataset-fashion-mnist
-#   there:  bash scripts/gpu_check.sh          (with .debs carried along; results under $OUT)
-# Builds against that machine's own torch, runs the `gpu` and `unit` tests, times training of
-# the default config (bf16) and of DiT-B/2 and DiT-XL/2 on synthetic 32×32×4 latents, FSDP on
-# NCCL at world 1 with a 3-step Kineto trace, and
-# prints a short table last. Everything it writes goes to $OUT (default /tmp/gpu_check_out).
+#           (optional, for the PyTorch comparison) pip download --only-binary :all: --no-deps -d .wheels safetensors
+#   there:  bash scripts/gpu_check.sh          (carry .debs and .wheels; results under $OUT)
+# From a bare machine, in ≤ 8 minutes: builds against that machine's own torch, runs the `gpu`
+# and `unit` tests, trains the default config in bf16 (and fp32), benchmarks DiT-B/2 and DiT-XL/2
+# on synthetic 32×32×4 latents (`flowtrain bench`: step time, MFU against the measured bf16
+# matmul peak, peak memory), FSDP on NCCL at world 1 with a 3-step Kineto trace, and — while time
+# remains — flowtrain against PyTorch eager / torch.compile on DiT-B/2 bf16. One PASS/FAIL line per
+# check is printed last, with its figure. Everything it writes goes to $OUT (default
+# /tmp/gpu_check_out). Later checks are skipped (SKIP, with the reason) past FLOWTRAIN_GPU_BUDGET_S
+# (default 420 s) so the whole stays inside the device call.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gpu_check_out}
+BUDGET=${FLOWTRAIN_GPU_BUDGET_S:-420}
 mkdir -p "$OUT"
-log() { echo "[gpu_check $(date +%T)] $*"; }
+t0=$(date +%s)
+elapsed() { echo $(( $(date +%s) - t0 )); }
+log() { echo "[gpu_check $(elapsed)s] $*"; }
+results=()  # "PASS|FAIL|SKIP<TAB>check<TAB>figure"
+record() { results+=("$1"$'\t'"$2"$'\t'"$3"); log "$1 $2 $3"; }
+in_budget() { (( $(elapsed) < BUDGET )); }
 
 sysroot=/tmp/sysroot
 mkdir -p $sysroot
@@ -20,69 +31,118 @@ export FLOWTRAIN_FASHION_MNIST=$sysroot/usr/share/datasets/fashion-mnist
 torch_prefix=$(python3 -c 'import torch;print(torch.utils.cmake_prefix_path)')
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
 
+# ---- build ------------------------------------------------------------------------------------
 log "configure + build"
-start=$(date +%s)
-cmake -G Ninja -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DTORCH_CUDA_ARCH_LIST=9.0a \
-  -DCMAKE_PREFIX_PATH="$torch_prefix;$sysroot/usr;$sysroot/usr/lib/x86_64-linux-gnu/cmake;$sysroot/usr/share/cmake" \
-  > "$OUT/configure.log" 2>&1 || { tail -30 "$OUT/configure.log"; exit 1; }
-ninja -C build-gpu -j16 > "$OUT/build.log" 2>&1 || { grep -E "error|FAILED" "$OUT/build.log" | head -30; exit 1; }
-build_s=$(( $(date +%s) - start ))
+if cmake -G Ninja -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DTORCH_CUDA_ARCH_LIST=9.0a \
+    -DCMAKE_PREFIX_PATH="$torch_prefix;$sysroot/usr;$sysroot/usr/lib/x86_64-linux-gnu/cmake;$sysroot/usr/share/cmake" \
+    > "$OUT/configure.log" 2>&1 && ninja -C build-gpu -j16 > "$OUT/build.log" 2>&1; then
+  record PASS build "$(elapsed) s"
+else
+  grep -E "error|FAILED|Error" "$OUT/configure.log" "$OUT/build.log" | head -30
+  record FAIL build "see build.log / configure.log"
+  printf '%s\n' "${results[@]}"
+  exit 1
+fi
 
-log "tests (gpu, unit)"
-(cd build-gpu && ctest -L 'gpu|unit' --output-on-failure --timeout 300) > "$OUT/ctest.log" 2>&1
-tests_rc=$?
-tests_line=$(grep -E "tests passed|tests failed" "$OUT/ctest.log" | tail -1)
+# ---- tests --------------------------------------------------------------------------------------
+for label in gpu unit; do
+  (cd build-gpu && ctest -L "$label" --output-on-failure --timeout 300) > "$OUT/ctest-$label.log" 2>&1
+  rc=$?
+  line=$(grep -E "tests passed|tests failed" "$OUT/ctest-$label.log" | tail -1)
+  skipped=$(grep -c "Skipped" "$OUT/ctest-$label.log")
+  if ((rc == 0)); then record PASS "ctest -L $label" "$line ($skipped skipped)"
+  else record FAIL "ctest -L $label" "$line: $(grep -E '\(Failed\)' "$OUT/ctest-$label.log" | head -5 | tr '\n' ' ')"; fi
+done
 
-bench() {  # name config steps extra-sets…
+# ---- training and benchmarks -------------------------------------------------------------------
+train() {  # name config steps extra-sets… -> PASS when it exits 0 with a finite last loss
   local name=$1 config=$2 steps=$3; shift 3
-  local dir=/tmp/gpu_bench/$name sets=()
+  if ! in_budget; then record SKIP "train $name" "time budget"; return; fi
+  local dir=/tmp/gpu_runs/$name sets=()
   for s in "$@"; do sets+=(--set "$s"); done
   rm -rf "$dir"
   ./build-gpu/flowtrain train -c "$config" --set run.out_dir="$dir" --set run.device=cuda \
     --set train.steps="$steps" --set train.log_every=10 --set sample.every=0 --set checkpoint.every=0 \
-    --set data.path="$FLOWTRAIN_FASHION_MNIST" "${sets[@]}" > "$OUT/bench-$name.log" 2>&1
-  local rc=$?
-  local row
-  row=$(tail -n 1 "$dir/metrics.jsonl" 2>/dev/null)
-  python3 - "$name" "$rc" "$row" <<'PY' >> "$OUT/bench.tsv"
-import json, sys
-name, rc, row = sys.argv[1], sys.argv[2], sys.argv[3]
-r = json.loads(row) if row else {}
-print(f"{name}\t{rc}\t{r.get('samples_per_s', float('nan')):.1f}\t{r.get('step_time_s', float('nan')):.4f}\t{r.get('loss', float('nan')):.4f}")
+    --set data.path="$FLOWTRAIN_FASHION_MNIST" "${sets[@]}" > "$OUT/train-$name.log" 2>&1
+  local rc=$? figure
+  figure=$(python3 - "$dir/metrics.jsonl" <<'PY'
+import json, math, sys
+try:
+    r = [json.loads(l) for l in open(sys.argv[1]) if l.strip()][-1]
+    ok = math.isfinite(r["loss"])
+    print(("ok " if ok else "bad ") + f"loss {r['loss']:.4f}, {r['samples_per_s']:.0f} samples/s, {r['step_time_s'] * 1e3:.1f} ms/step")
+except Exception as e:
+    print(f"bad no metrics ({e})")
 PY
+)
+  if ((rc == 0)) && [[ $figure == ok* ]]; then record PASS "train $name" "${figure#ok }"
+  else record FAIL "train $name" "rc $rc, ${figure#* } (train-$name.log)"; fi
 }
-log "benchmarks"
-: > "$OUT/bench.tsv"
-bench fashion_default_bf16 configs/fashion_dit.yaml 300 train.precision=bf16
-bench fashion_default_fp32 configs/fashion_dit.yaml 300 train.precision=fp32
-bench dit_b2_bf16 configs/fashion_dit.yaml 60 model.size=B model.hidden=0 model.depth=0 model.heads=0 \
-  model.patch=2 model.image_size=32 model.in_channels=4 model.num_classes=1000 data.source=synthetic \
-  data.batch_size=256 train.precision=bf16
-bench dit_xl2_bf16 configs/fashion_dit.yaml 40 model.size=XL model.hidden=0 model.depth=0 model.heads=0 \
-  model.patch=2 model.image_size=32 model.in_channels=4 model.num_classes=1000 data.source=synthetic \
-  data.batch_size=256 train.precision=bf16 train.ema_decay=0.9999
-# FSDP on NCCL at world 1 (parallel.fsdp=on): trains the default config, and a Kineto trace of
-# 3 steps shows the all-gathers / reduce-scatters on NCCL's stream next to compute.
-bench fashion_fsdp_nccl_w1 configs/fashion_dit.yaml 300 train.precision=bf16 parallel.fsdp=on parallel.backend=nccl \
-  profile.enabled=true profile.start_step=20 profile.num_steps=3
-cp /tmp/gpu_bench/fashion_fsdp_nccl_w1/profiles/*.json "$OUT/" 2>/dev/null
-python3 - /tmp/gpu_bench/fashion_fsdp_nccl_w1/profiles <<'PY' > "$OUT/fsdp_trace_summary.txt" 2>&1
-import glob, json, sys, collections
-for path in glob.glob(sys.argv[1] + "/*.json"):
-    events = json.load(open(path)).get("traceEvents", [])
-    streams = collections.defaultdict(set)
-    for e in events:
-        n = e.get("name", "")
-        if "nccl" in n.lower() or n.startswith("fsdp."):
-            streams[n[:60]].add((e.get("pid"), e.get("tid")))
-    print(path)
-    for n, s in sorted(streams.items()):
-        print(f"  {n}: {len(s)} stream(s)/thread(s) {sorted(s)[:4]}")
+
+bench() {  # name steps extra-sets… -> flowtrain bench on synthetic latents, JSON in $OUT
+  local name=$1 steps=$2; shift 2
+  if ! in_budget; then record SKIP "bench $name" "time budget"; return; fi
+  local sets=()
+  for s in "$@"; do sets+=(--set "$s"); done
+  ./build-gpu/flowtrain bench -c configs/bench/dit_s2_latent.yaml --synthetic --steps "$steps" --warmup 3 \
+    --set run.device=cuda --json "$OUT/bench-$name.json" "${sets[@]}" > "$OUT/bench-$name.log" 2>&1
+  local rc=$? figure
+  figure=$(python3 - "$OUT/bench-$name.json" <<'PY'
+import json, sys
+try:
+    r = json.load(open(sys.argv[1]))
+    print(f"{r['step_time_median_s'] * 1e3:.1f} ms/step, {r['samples_per_s']:.0f} samples/s, "
+          f"{r['achieved_tflops']:.0f} TFLOP/s = MFU {100 * r['mfu']:.1f}% of {r['peak_tflops']:.0f} ({r['peak_source']}), "
+          f"peak {r['peak_memory_bytes'] / 2**30:.2f} GiB allocated")
+except Exception as e:
+    print(f"no report ({e})")
 PY
+)
+  if ((rc == 0)); then record PASS "bench $name" "$figure"; else record FAIL "bench $name" "rc $rc (bench-$name.log)"; fi
+}
+
+train default_bf16 configs/fashion_dit.yaml 300 train.precision=bf16
+train default_fp32_tf32 configs/fashion_dit.yaml 300 train.precision=fp32
+bench dit_b2_bf16 20 model.size=B model.hidden=0 model.depth=0 model.heads=0 data.batch_size=256 train.precision=bf16
+bench dit_xl2_bf16 20 model.size=XL model.hidden=0 model.depth=0 model.heads=0 data.batch_size=256 train.precision=bf16
+
+# FSDP on NCCL at world 1 (parallel.fsdp=on): trains, and a Kineto trace of 3 steps must show the
+# FSDP ranges and NCCL kernels.
+train fsdp_nccl_w1 configs/fashion_dit.yaml 100 train.precision=bf16 parallel.fsdp=on parallel.backend=nccl \
+  profile.enabled=true profile.start_step=20 profile.num_steps=3
+if [[ -d /tmp/gpu_runs/fsdp_nccl_w1/profiles ]]; then
+  cp /tmp/gpu_runs/fsdp_nccl_w1/profiles/*.json "$OUT/" 2>/dev/null
+  summary=$(python3 - /tmp/gpu_runs/fsdp_nccl_w1/profiles <<'PY'
+import glob, json, sys
+names = set()
+for path in glob.glob(sys.argv[1] + "/*.json"):
+    for e in json.load(open(path)).get("traceEvents", []):
+        names.add(e.get("name", ""))
+fsdp = sorted(n for n in names if n.startswith("fsdp."))
+nccl = sorted(n for n in names if "nccl" in n.lower())
+print(("ok " if fsdp and nccl else "bad ") + f"{len(fsdp)} fsdp ranges ({', '.join(fsdp[:4])}), {len(nccl)} NCCL kernel names")
+PY
+)
+  if [[ $summary == ok* ]]; then record PASS "fsdp trace" "${summary#ok }"; else record FAIL "fsdp trace" "${summary#bad }"; fi
+fi
+
+# ---- flowtrain against PyTorch eager / torch.compile (needs safetensors: carried in .wheels) ----
+if in_budget && ls .wheels/safetensors-*.whl >/dev/null 2>&1; then
+  python3 -m pip install --quiet --no-index --find-links .wheels --target /tmp/pylib safetensors > "$OUT/pip.log" 2>&1
+  export PYTHONPATH=/tmp/pylib:${PYTHONPATH:-}
+  FLOWTRAIN_BIN=build-gpu/flowtrain FLOWTRAIN_PYTHON=python3 bash bench/compare_pytorch.sh \
+    configs/bench/dit_s2_latent.yaml 20 3 --no-network-check -- --set run.device=cuda --set model.size=B \
+    --set model.hidden=0 --set model.depth=0 --set model.heads=0 --set data.batch_size=256 \
+    --set train.precision=bf16 > "$OUT/compare_pytorch_b2.log" 2>&1
+  rc=$?
+  ratios=$(grep -E "step time ratio, median" "$OUT/compare_pytorch_b2.log" | sed 's/, median of 1 paired rounds//' | tr '\n' ';')
+  if ((rc == 0)); then record PASS "vs PyTorch DiT-B/2 bf16" "$ratios"
+  else record FAIL "vs PyTorch DiT-B/2 bf16" "rc $rc: $(tail -3 "$OUT/compare_pytorch_b2.log" | tr '\n' ' ')"; fi
+else
+  record SKIP "vs PyTorch DiT-B/2 bf16" "$(in_budget && echo 'no .wheels/safetensors-*.whl' || echo 'time budget')"
+fi
 
 echo
-echo "== flowtrain GPU check ($(cat "$OUT/gpu.txt")) =="
-echo "build: ${build_s}s | tests rc ${tests_rc}: ${tests_line}"
-echo "FSDP trace (NCCL, world 1): $(grep -c stream "$OUT/fsdp_trace_summary.txt" 2>/dev/null) collective/range names; see fsdp_trace_summary.txt"
-printf "%-22s %4s %12s %12s %8s\n" run rc samples/s s/step loss
-while IFS=$'\t' read -r n rc sps st loss; do printf "%-22s %4s %12s %12s %8s\n" "$n" "$rc" "$sps" "$st" "$loss"; done < "$OUT/bench.tsv"
+echo "== flowtrain GPU check ($(cat "$OUT/gpu.txt")), $(elapsed) s =="
+printf '%s\n' "${results[@]}" | tee "$OUT/summary.tsv" | awk -F'\t' '{printf "%-5s %-26s %s\n", $1, $2, $3}'
+! printf '%s\n' "${results[@]}" | grep -q '^FAIL'

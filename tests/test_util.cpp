@@ -43,6 +43,11 @@ std::string fashion_mnist_dir() {
 
 bool have_fashion_mnist() { return fs::exists(fashion_mnist_dir() + "/train-images-idx3-ubyte.gz"); }
 
+bool in_ci() {
+  const char* v = std::getenv("CI");
+  return v && (std::string(v) == "true" || std::string(v) == "1");
+}
+
 std::string source_path(const std::string& relative) {
   return (fs::path(FLOWTRAIN_SOURCE_DIR) / relative).string();
 }

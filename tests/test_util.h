@@ -20,6 +20,8 @@ void write_file(const std::string& path, const std::string& bytes);
 // machine) or Debian's /usr/share/datasets/fashion-mnist.
 std::string fashion_mnist_dir();
 bool have_fashion_mnist();
+// CI=true (or 1) in the environment: what must run may not be skipped.
+bool in_ci();
 
 // A small DiT (8×8×4 inputs, patch 2, hidden 32, 2 heads, 10 classes, `depth` blocks) whose
 // weights are moved off the reference init by N(0, 0.05²) noise drawn after seeding the global
@@ -43,10 +45,17 @@ std::string data_error_message(F&& f) {
 
 }  // namespace flowtrain::test
 
-// Skips a test that needs the real Fashion-MNIST files when they are not installed.
-#define REQUIRE_DATA()                       \
-  if (!::flowtrain::test::have_fashion_mnist()) \
-  GTEST_SKIP() << "dataset-fashion-mnist is not installed (scripts/setup.sh installs it)"
+// A test that needs the real Fashion-MNIST files: skipped when they are not installed on a
+// developer's machine, failed in CI (CI=true, set by .ci/run), where a skip would count as a pass
+// for a test that never ran.
+#define REQUIRE_DATA()                                                                             \
+  do {                                                                                             \
+    if (::flowtrain::test::have_fashion_mnist()) break;                                            \
+    if (::flowtrain::test::in_ci())                                                                \
+      FAIL() << "dataset-fashion-mnist is not installed at " << ::flowtrain::test::fashion_mnist_dir() \
+             << " and CI=true: scripts/setup.sh must install it";                                  \
+    GTEST_SKIP() << "dataset-fashion-mnist is not installed (scripts/setup.sh installs it)";        \
+  } while (0)
 
 // Expects `statement` to throw a DataError whose message contains `substring`.
 #define EXPECT_DATA_ERROR(statement, substring)                                            \

@@ -4,19 +4,14 @@
 #include "data/safetensors.h"
 #include "models/flow_matching.h"
 #include "trainer/builders.h"
+#include "trainer/memory_stats.h"
 #include "trainer/trainer.h"
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
-#include <sys/resource.h>
 #include <unistd.h>
-
-#if __has_include(<c10/cuda/CUDACachingAllocator.h>)
-#include <c10/cuda/CUDACachingAllocator.h>
-#define FLOWTRAIN_HAS_CUDA_ALLOCATOR 1
-#endif
 
 #include <algorithm>
 #include <chrono>
@@ -34,20 +29,6 @@ double quantile(std::vector<double> v, double q) {
   const double pos = q * double(v.size() - 1);
   const size_t lo = static_cast<size_t>(pos), hi = std::min(lo + 1, v.size() - 1);
   return v[lo] + (pos - double(lo)) * (v[hi] - v[lo]);
-}
-
-int64_t peak_memory_bytes(const c10::Device& device, std::string& kind) {
-#ifdef FLOWTRAIN_HAS_CUDA_ALLOCATOR
-  if (device.is_cuda()) {
-    kind = "cuda peak allocated";
-    auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device.index());
-    return stats.allocated_bytes[static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE)].peak;
-  }
-#endif
-  kind = "cpu peak RSS";
-  struct rusage usage {};
-  getrusage(RUSAGE_SELF, &usage);
-  return static_cast<int64_t>(usage.ru_maxrss) * 1024;  // Linux reports KiB
 }
 
 void synchronize(const c10::Device& device) {
@@ -125,7 +106,16 @@ BenchReport run_benchmark(Config config, const BenchOptions& o) {
   r.samples_per_s = double(r.batch) / r.step_time_median_s;
   r.tokens_per_s = r.samples_per_s * double(r.tokens_per_sample);
   r.achieved_tflops = r.samples_per_s * r.train_gflop_per_sample / 1e3;
-  r.peak_memory_bytes = peak_memory_bytes(device, r.memory_kind);
+  const MemoryPeaks peaks = memory_peaks(device);
+  r.peak_rss_bytes = peaks.rss_bytes;
+  r.peak_allocated_bytes = peaks.allocated_bytes;
+  r.allocated_kind = peaks.allocated_kind;
+  r.peak_memory_bytes = device.is_cuda() ? peaks.allocated_bytes : peaks.rss_bytes;
+  r.memory_kind = device.is_cuda() ? "cuda peak allocated" : "cpu peak RSS";
+  if (r.world > 1) {
+    r.peak_memory_bytes_per_rank = trainer.gather_from_ranks(r.peak_memory_bytes);
+    r.peak_allocated_bytes_per_rank = trainer.gather_from_ranks(r.peak_allocated_bytes);
+  }
   if (o.peak_tflops > 0) {
     r.peak_tflops = o.peak_tflops * double(r.world);  // given per rank (per GPU)
     r.peak_source = r.world > 1 ? fmt::format("given × {} ranks", r.world) : "given";
@@ -168,20 +158,39 @@ std::string BenchReport::to_json() const {
                       {"world", world},
                       {"peak_memory_bytes", peak_memory_bytes},
                       {"memory_kind", memory_kind},
+                      {"peak_rss_bytes", peak_rss_bytes},
+                      {"peak_allocated_bytes", peak_allocated_bytes},
+                      {"allocated_kind", allocated_kind},
                       {"first_loss", first_loss}};
+  if (!peak_memory_bytes_per_rank.empty()) {
+    j["peak_memory_bytes_per_rank"] = peak_memory_bytes_per_rank;
+    j["peak_allocated_bytes_per_rank"] = peak_allocated_bytes_per_rank;
+  }
   return j.dump(2);
 }
 
 std::string BenchReport::to_table() const {
+  std::string per_rank;
+  if (!peak_memory_bytes_per_rank.empty()) {
+    per_rank = "\npeak per rank, MiB (" + memory_kind + " / " + allocated_kind + "):";
+    for (size_t i = 0; i < peak_memory_bytes_per_rank.size(); ++i)
+      per_rank += fmt::format(" rank {} {:.1f} / {:.1f}", i, peak_memory_bytes_per_rank[i] / 1048576.0,
+                              peak_allocated_bytes_per_rank[i] / 1048576.0);
+  }
+  return per_rank.empty() ? table_lines() : table_lines() + per_rank;
+}
+
+std::string BenchReport::table_lines() const {
   return fmt::format(
       "device {} ({}, {} threads) | batch {} × {} tokens | {:.2f}M params, {:.3f} GFLOP/sample\n"
       "step time median {:.4f} s (p10 {:.4f}, p90 {:.4f}, min {:.4f}, max {:.4f}) over {} steps after {} warm-up\n"
       "{:.1f} samples/s | {:.0f} tokens/s | {:.3f} TFLOP/s achieved | peak {:.3f} TFLOP/s ({}) | MFU {:.1f}%\n"
-      "{} {:.1f} MiB{} | data wait median {:.4f} s | first-step loss {:.6f}",
+      "{} {:.1f} MiB{} | {} peak {:.1f} MiB | data wait median {:.4f} s | first-step loss {:.6f}",
       device, precision, threads, batch, tokens_per_sample, params_m, train_gflop_per_sample, step_time_median_s,
       step_time_p10_s, step_time_p90_s, step_time_min_s, step_time_max_s, steps, warmup, samples_per_s, tokens_per_s,
       achieved_tflops, peak_tflops, peak_source, 100 * mfu, memory_kind, peak_memory_bytes / 1048576.0,
-      world > 1 ? fmt::format(" (rank {} of {})", rank, world) : "", data_wait_median_s, first_loss);
+      world > 1 ? fmt::format(" (rank {} of {})", rank, world) : "", allocated_kind, peak_allocated_bytes / 1048576.0,
+      data_wait_median_s, first_loss);
 }
 
 double write_parity_dump(const Config& c, const std::string& path) {
@@ -228,7 +237,23 @@ double write_parity_dump(const Config& c, const std::string& path) {
                            {"batch_size", std::to_string(c.data.batch_size)},
                            {"grad_accum", std::to_string(c.train.grad_accum)},
                            {"lr", fmt::format("{}", c.optim.lr)},
-                           {"threads", std::to_string(at::get_num_threads())}});
+                           {"threads", std::to_string(at::get_num_threads())},
+                           // What the step does, so the peer does the same work or refuses.
+                           {"precision", c.train.precision},
+                           {"grad_clip", fmt::format("{}", c.optim.grad_clip)},
+                           {"ema_decay", fmt::format("{}", c.train.ema_decay)},
+                           {"ema_warmup", c.train.ema_warmup ? "true" : "false"},
+                           {"beta1", fmt::format("{}", c.optim.beta1)},
+                           {"beta2", fmt::format("{}", c.optim.beta2)},
+                           {"eps", fmt::format("{}", c.optim.eps)},
+                           {"weight_decay", fmt::format("{}", c.optim.weight_decay)},
+                           {"class_dropout", fmt::format("{}", c.model.class_dropout)},
+                           {"timesteps", c.flow.timesteps},
+                           {"logit_mean", fmt::format("{}", c.flow.logit_mean)},
+                           {"logit_std", fmt::format("{}", c.flow.logit_std)},
+                           {"shift", fmt::format("{}", c.flow.shift)},
+                           {"activation_checkpointing", c.train.activation_checkpointing},
+                           {"tf32", c.train.tf32 ? "true" : "false"}});
   return loss.item<double>();
 }
 

@@ -6,6 +6,7 @@
 #include "trainer/config.h"
 
 #include <string>
+#include <vector>
 
 namespace flowtrain::trainer {
 
@@ -26,11 +27,20 @@ struct BenchReport {
   double data_wait_median_s = 0;
   double samples_per_s = 0, tokens_per_s = 0, achieved_tflops = 0, peak_tflops = 0, mfu = 0;
   std::string peak_source;   // "config" | "measured fp32 matmul" | …
+  // Peaks of this rank over the whole run, transients included (trainer/memory_stats.h).
+  // peak_memory_bytes is the headline: CPU peak RSS, or CUDA max_memory_allocated.
   int64_t peak_memory_bytes = 0;
   std::string memory_kind;   // "cpu peak RSS" | "cuda peak allocated"
+  int64_t peak_rss_bytes = 0, peak_allocated_bytes = 0;
+  std::string allocated_kind;
+  // A multi-rank bench: every rank's peak_memory_bytes / peak_allocated_bytes, by rank.
+  std::vector<int64_t> peak_memory_bytes_per_rank, peak_allocated_bytes_per_rank;
   double first_loss = 0;
   std::string to_json() const;
   std::string to_table() const;
+
+ private:
+  std::string table_lines() const;
 };
 
 BenchReport run_benchmark(Config config, const BenchOptions& options);

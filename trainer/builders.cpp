@@ -2,9 +2,11 @@
 
 #include "data/fashion_mnist.h"
 #include "parallel/activation_checkpoint.h"
+#include "trainer/memory_stats.h"
 
 #include <ATen/Parallel.h>
 #include <ATen/Context.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
 #include <fmt/format.h>
 
 #include <cstdlib>
@@ -16,14 +18,36 @@
 
 namespace flowtrain::trainer {
 
+int64_t cuda_device_for_rank(int64_t local_rank, int64_t device_count, const std::string& visible_devices) {
+  if (device_count <= 0) throw ConfigError("'run.device' is cuda but no CUDA device is visible");
+  if (local_rank < 0) return 0;
+  // One visible device: the launcher gave each rank its own (CUDA_VISIBLE_DEVICES per task).
+  if (device_count == 1 || local_rank < device_count) return local_rank % device_count;
+  throw ConfigError(fmt::format(
+      "LOCAL_RANK is {} but this process sees only {} CUDA devices (CUDA_VISIBLE_DEVICES={}): start at most one rank "
+      "per visible GPU on a node, or give each rank its own GPU (CUDA_VISIBLE_DEVICES per task, e.g. srun "
+      "--gpus-per-task=1)",
+      local_rank, device_count, visible_devices.empty() ? "<unset>" : visible_devices));
+}
+
 c10::Device select_device(const RunConfig& run, int64_t local_rank) {
   const bool has_cuda = at::hasCUDA();
   if (run.device == "cpu" || (run.device == "auto" && !has_cuda)) return c10::Device(c10::kCPU);
   if (!has_cuda) throw ConfigError("'run.device' is cuda but no CUDA device is available (use cpu or auto)");
-  int index = 0;
-  if (local_rank >= 0) index = static_cast<int>(local_rank);
-  else if (const char* env = std::getenv("LOCAL_RANK")) index = std::atoi(env);
+  if (local_rank < 0)
+    if (const char* env = std::getenv("LOCAL_RANK")) local_rank = std::atoi(env);
+  const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
+  const int64_t index = cuda_device_for_rank(local_rank, at::getNumGPUs(), visible ? visible : "");
   return c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(index));
+}
+
+void configure_cuda(const c10::Device& device, const TrainConfig& train) {
+  if (!device.is_cuda()) return;
+  // The current device before anything touches CUDA (the NCCL communicators are bound to it too),
+  // so no rank ever creates a context on another rank's GPU.
+  c10::impl::VirtualGuardImpl(c10::DeviceType::CUDA).setDevice(device);
+  // PyTorch's float32 matmul precision: "high" lets cuBLAS use TF32 tensor cores for fp32 GEMMs.
+  at::globalContext().setFloat32MatmulPrecision(train.tf32 ? "high" : "highest");
 }
 
 models::DiTOptions dit_options(const ModelConfig& m) {
@@ -38,6 +62,14 @@ models::DiTOptions dit_options(const ModelConfig& m) {
   o.num_classes = m.num_classes;
   o.learn_sigma = m.learn_sigma;
   return o;
+}
+
+parallel::FsdpPlan dit_fsdp_plan(const models::DiTOptions& o) {
+  parallel::FsdpPlan plan;
+  plan.stem = {"x_embedder", "t_embedder", "y_embedder"};  // pos_embed is fixed: not sharded
+  for (int64_t i = 0; i < o.depth; ++i) plan.blocks.push_back(fmt::format("blocks.{}", i));
+  plan.head = {"final_layer"};
+  return plan;
 }
 
 std::string context_attention_kind(const Config& c) {
@@ -90,8 +122,9 @@ std::shared_ptr<const data::ImageDataset> build_dataset(const Config& c) {
   return dataset;
 }
 
-data::LoaderOptions loader_options(const Config& c, int64_t dp_rank, int64_t dp_size) {
+data::LoaderOptions loader_options(const Config& c, int64_t dp_rank, int64_t dp_size, const c10::Device& device) {
   data::LoaderOptions lo;
+  lo.pin_memory = device.is_cuda();
   lo.rank = dp_rank;
   lo.world = dp_size;
   lo.global_batch = c.data.batch_size;
@@ -135,6 +168,7 @@ int configure_threads(const TrainConfig& train) {
   if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   at::set_num_threads(threads);
   keep_activation_pages_between_steps();
+  install_memory_tracking();
   return threads;
 }
 

@@ -6,6 +6,7 @@
 #include "data/loader.h"
 #include "models/dit.h"
 #include "models/flow_matching.h"
+#include "parallel/fsdp.h"
 #include "trainer/config.h"
 
 #include <c10/core/Device.h>
@@ -14,14 +15,25 @@
 
 namespace flowtrain::trainer {
 
-// run.device: auto -> cuda:<LOCAL_RANK or 0> when a GPU is present, else cpu. Throws ConfigError
-// when cuda is requested and none is available.
-// `local_rank` (from the launch environment) picks the GPU; −1 reads LOCAL_RANK.
+// run.device: auto -> cuda when a GPU is present, else cpu; the GPU is
+// cuda_device_for_rank(`local_rank` (−1: read LOCAL_RANK), visible devices). Throws ConfigError
+// when cuda is requested and none is available, or the rank has no GPU of its own.
 c10::Device select_device(const RunConfig& run, int64_t local_rank = -1);
+// The CUDA device index of a rank: LOCAL_RANK when the process sees its node's GPUs, 0 when it
+// sees exactly one (CUDA_VISIBLE_DEVICES set per task), i.e. LOCAL_RANK % device_count; a
+// LOCAL_RANK beyond several visible devices is a ConfigError naming CUDA_VISIBLE_DEVICES
+// (`visible_devices`, "" = unset).
+int64_t cuda_device_for_rank(int64_t local_rank, int64_t device_count, const std::string& visible_devices);
+// On a CUDA device: makes it the process's current device (before any CUDA work or
+// communicator) and sets the fp32 matmul precision from train.tf32. No-op on the CPU.
+void configure_cuda(const c10::Device& device, const TrainConfig& train);
 
 models::DiTOptions dit_options(const ModelConfig& model);
 // `attention` is what every block's attention calls (context-parallel runs pass theirs).
 models::DiT build_model(const ModelConfig& model, models::AttentionFn attention = models::default_attention());
+
+// The DiT's FSDP units: the embedders (stem), one unit per block, the final layer (head).
+parallel::FsdpPlan dit_fsdp_plan(const models::DiTOptions& options);
 
 // parallel.cp_attention resolved for the model: "ulysses" or "ring" ("auto": Ulysses when the
 // heads split over parallel.cp, else ring). Throws ConfigError naming the keys when the model's
@@ -42,7 +54,9 @@ std::shared_ptr<const data::ImageDataset> build_dataset(const Config& config);
 // The loader and timestep sampler of a run. The trainer and the parity dump of `flowtrain bench`
 // both build them here, so the dump reproduces the trainer's first step by construction.
 // dp_rank / dp_size: this rank's slice of each global batch (data-parallel ranks only).
-data::LoaderOptions loader_options(const Config& config, int64_t dp_rank = 0, int64_t dp_size = 1);
+// `device`: a CUDA device makes the loader pin its batches.
+data::LoaderOptions loader_options(const Config& config, int64_t dp_rank = 0, int64_t dp_size = 1,
+                                   const c10::Device& device = c10::Device(c10::kCPU));
 models::TimestepSampler timestep_sampler(const FlowConfig& flow);
 
 // Sets the intra-op thread count (train.threads; 0 = all cores) and returns it.

@@ -15,7 +15,7 @@
 // file's size and CRC against the manifest, so a damaged checkpoint is refused by name.
 //
 // Sharded (FSDP) checkpoints: every shard writes its own files, `model.shard-K-of-N.safetensors`
-// (and ema., optimizer.), keyed by unit ("blocks.3", "root"), plus rank 0's `fixed.safetensors`
+// (and ema., optimizer.), keyed by unit ("stem", "blocks.3", "head"), plus rank 0's `fixed.safetensors`
 // (unsharded parameters) and rng; the manifest's "layout" records the units (trainer/shard_layout.h)
 // and every file's CRC. The commit protocol is the same, with barriers: rank 0 creates the .tmp
 // directory; all writers write and record their digests; rank 0 writes the manifest and renames.
@@ -84,6 +84,8 @@ CheckpointContents load_checkpoint_shard(const std::string& dir, int64_t shard_i
 
 // Number of shards a checkpoint was written with (1 for an unsharded one).
 int64_t checkpoint_num_shards(const std::string& dir);
+// The FSDP layout a checkpoint was written with (nullopt for an unsharded one).
+std::optional<ShardLayout> load_checkpoint_layout(const std::string& dir);
 
 // Cheap verification (manifest + sizes + CRCs) without loading tensors; returns "" if valid,
 // else the reason.

@@ -268,6 +268,8 @@ std::vector<Section> build_schema() {
                        "full = recompute block activations in backward (less memory, ~1/3 more compute)")
                   .add("activation_checkpointing_every", &TrainConfig::activation_checkpointing_every, at_least(1),
                        "with full: checkpoint every k-th block (1 = all)")
+                  .add("tf32", &TrainConfig::tf32, any(),
+                       "CUDA: fp32 matmuls on TF32 tensor cores (10-bit mantissa products, fp32 accumulation)")
                   .section);
 
   s.push_back(section("sample", &Config::sample)

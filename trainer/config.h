@@ -85,6 +85,7 @@ struct TrainConfig {
   // none | full: recompute the selected blocks' activations in backward (memory for compute)
   std::string activation_checkpointing = "none";
   int64_t activation_checkpointing_every = 1;  // with full: every k-th block (1 = all)
+  bool tf32 = true;  // CUDA: fp32 matmuls on TF32 tensor cores (PyTorch's "high" matmul precision)
 };
 
 struct SampleConfig {

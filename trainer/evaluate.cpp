@@ -8,6 +8,7 @@
 #include "trainer/classifier_cache.h"
 #include "trainer/file_util.h"
 #include "trainer/quality.h"
+#include "trainer/sample_grid.h"
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <fmt/format.h>
@@ -131,48 +132,58 @@ std::string QualityReport::to_json() const {
   return j.dump();
 }
 
-at::Tensor generate_eval_samples(models::DiT& model, const Config& c, const c10::Device& device) {
-  const auto& o = model->options;
+at::Tensor generate_eval_samples(const models::VelocityFn& velocity, const models::DiTOptions& o, const Config& c,
+                                 const c10::Device& device, int64_t first, int64_t count) {
   const int64_t n = c.eval.num;
   at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(static_cast<uint64_t>(c.eval.seed));
-  at::Tensor noise = at::randn({n, o.in_channels, o.input_size, o.input_size}, gen);  // all up front
-  at::Tensor labels = at::arange(n, at::TensorOptions().dtype(at::kLong)) % kClasses;
-
+  at::Tensor noise = padded_rows(at::randn({n, o.in_channels, o.input_size, o.input_size}, gen), first, count);
+  at::Tensor labels = padded_rows(at::arange(n, at::TensorOptions().dtype(at::kLong)) % kClasses, first, count);
   models::SamplerOptions so;
   so.kind = models::parse_sampler(c.eval.sampler);
   so.steps = c.eval.steps;
   so.cfg_scale = c.eval.cfg_scale;
   so.shift = c.flow.shift;
   so.null_class = o.num_classes;
-  models::VelocityFn velocity = [&](const at::Tensor& x, const at::Tensor& t, const at::Tensor& y) {
-    return model->forward(x, t, y);
-  };
-  const bool was_training = model->is_training();
-  model->eval();
-  at::NoGradGuard no_grad;
+  const int64_t rows = noise.size(0);
   std::vector<at::Tensor> out;
-  for (int64_t begin = 0; begin < n; begin += kMaxBatch) {
-    const int64_t end = std::min(begin + kMaxBatch, n);
+  for (int64_t begin = 0; begin < rows; begin += kMaxBatch) {
+    const int64_t end = std::min(begin + kMaxBatch, rows);
     at::Tensor x = models::sample(velocity, noise.slice(0, begin, end).to(device), labels.slice(0, begin, end).to(device), so);
     // [−1, 1] -> 0…255, rounded as an 8-bit image file would be
     out.push_back(x.clamp(-1.0, 1.0).add(1.0).mul(127.5).round().to(at::kCPU, at::kByte));
-    if (end < n) spdlog::info("eval: {}/{} samples", end, n);  // minutes on a CPU: show progress
+    if (end < rows) spdlog::info("eval: {}/{} samples", end, rows);  // minutes on a CPU: show progress
   }
-  model->train(was_training);
   return at::cat(out);
 }
 
 QualityReport evaluate_model(models::DiT& model, const Config& config, const c10::Device& device) {
   check_config(config, model->options);
+  const bool was_training = model->is_training();
+  model->eval();
+  at::Tensor samples;
+  {
+    at::NoGradGuard no_grad;
+    models::VelocityFn velocity = [&](const at::Tensor& x, const at::Tensor& t, const at::Tensor& y) {
+      return model->forward(x, t, y);
+    };
+    spdlog::info("eval: generating {} samples ({} {} steps, cfg {}, seed {})", config.eval.num, config.eval.sampler,
+                 config.eval.steps, config.eval.cfg_scale, config.eval.seed);
+    samples = generate_eval_samples(velocity, model->options, config, device);
+  }
+  model->train(was_training);
+  return score_eval_samples(samples, model->options, config, device);
+}
+
+QualityReport score_eval_samples(const at::Tensor& samples, const models::DiTOptions& options, const Config& config,
+                                 const c10::Device& device) {
+  check_config(config, options);
   std::lock_guard<std::mutex> lock(g_context_mutex);
   EvalContext& context = eval_context(config, device);
   const int64_t n = config.eval.num;
+  TORCH_CHECK(samples.size(0) == n, "score_eval_samples: ", samples.size(0), " samples for eval.num ", n);
   const RealReference& reference = real_reference(context, n);
 
   const auto start = std::chrono::steady_clock::now();
-  spdlog::info("eval: generating {} samples ({} {} steps, cfg {}, seed {})", n, config.eval.sampler,
-               config.eval.steps, config.eval.cfg_scale, config.eval.seed);
-  at::Tensor samples = generate_eval_samples(model, config, device);
   at::Tensor labels = at::arange(n, at::TensorOptions().dtype(at::kLong)) % kClasses;
   models::ClassifierOutputs scored = models::classify_images(context.classifier.model, samples);
 

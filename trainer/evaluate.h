@@ -17,6 +17,7 @@
 #pragma once
 
 #include "models/dit.h"
+#include "models/flow_matching.h"
 #include "trainer/config.h"
 
 #include <c10/core/Device.h>
@@ -43,7 +44,8 @@ struct QualityReport {
 // data.source = fashion_mnist (the classifier's data set, read from data.path), in_channels 1,
 // image_size >= 28, num_classes >= 10 and eval.num <= 10000 (the test split's size); throws
 // ConfigError naming the key otherwise. Trains the classifier first if it is not cached in
-// eval.classifier_dir. The model's train/eval mode is restored.
+// eval.classifier_dir. The model's train/eval mode is restored. = generate_eval_samples, then
+// score_eval_samples.
 QualityReport evaluate_model(models::DiT& model, const Config& config, const c10::Device& device);
 
 // Builds the model from config.model, loads the checkpoint's EMA weights (its raw weights when it
@@ -51,10 +53,18 @@ QualityReport evaluate_model(models::DiT& model, const Config& config, const c10
 // the report to <checkpoint_dir>/eval.json atomically.
 QualityReport evaluate_checkpoint(const Config& config, const std::string& checkpoint_dir, int64_t num_override = 0);
 
-// The evaluation's samples: [num, C, S, S] uint8, the model's outputs clamped to [−1, 1] and
-// quantised to 8 bits as a saved image would be (the real images are 8-bit too). Noise for all
-// samples is drawn up front from eval.seed, then integrated ≤ 250 at a time, so the result does
-// not depend on the batching.
-at::Tensor generate_eval_samples(models::DiT& model, const Config& config, const c10::Device& device);
+// Rows [first, first + count) (count < 0: all eval.num) of the evaluation's samples, integrated
+// with `velocity` (the caller sets eval mode and no-grad): [count, C, S, S] uint8, the model's
+// outputs clamped to [−1, 1] and quantised to 8 bits as a saved image would be (the real images
+// are 8-bit too). Noise for all samples is drawn up front from eval.seed, then integrated ≤ 250
+// rows at a time, so the result does not depend on the batching or on how rows are split over
+// ranks (rows past eval.num repeat the last one: padding, see padded_rows).
+at::Tensor generate_eval_samples(const models::VelocityFn& velocity, const models::DiTOptions& model,
+                                 const Config& config, const c10::Device& device, int64_t first = 0, int64_t count = -1);
+
+// The metrics of eval.num samples from generate_eval_samples (checks the config as
+// evaluate_model does).
+QualityReport score_eval_samples(const at::Tensor& samples, const models::DiTOptions& model, const Config& config,
+                                 const c10::Device& device);
 
 }  // namespace flowtrain::trainer

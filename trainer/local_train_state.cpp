@@ -1,4 +1,5 @@
 // TrainState for one process: the model's own parameters are the fp32 master weights.
+#include "models/autocast_region.h"
 #include "trainer/ema.h"
 #include "trainer/optimizer.h"
 #include "trainer/builders.h"
@@ -43,7 +44,15 @@ class LocalTrainState : public TrainState {
   }
   bool has_ema() const override { return ema_ != nullptr; }
   int64_t optimizer_step_count() const override { return optimizer_->step_count(); }
-  models::DiT& sampling_model() override { return ema_ ? ema_->model() : model_; }
+  void with_sampling_model(const std::function<void(const models::VelocityFn&)>& fn) override {
+    models::DiT& model = ema_ ? ema_->model() : model_;
+    const bool was_training = model->is_training();
+    model->eval();
+    at::NoGradGuard no_grad;
+    models::AutocastRegion autocast(config_.train.precision == "bf16", model->pos_embed.device().type());
+    fn([&model](const at::Tensor& x, const at::Tensor& t, const at::Tensor& y) { return model->forward(x, t, y); });
+    model->train(was_training);
+  }
 
   void fill_checkpoint(CheckpointContents& c) override {
     c.model = state_dict(*model_);

@@ -3,6 +3,7 @@
 // error line and a non-zero exit code (2: bad config or usage, 1: anything else).
 #include "data/data_error.h"
 #include "data/fashion_mnist.h"
+#include "trainer/memory_stats.h"
 #include "trainer/bench.h"
 #include "models/dit.h"
 #include "parallel/env.h"
@@ -104,7 +105,11 @@ int cmd_bench(const ConfigArgs& args, const trainer::BenchOptions& options, cons
     trainer::configure_threads(c.train);
     const double loss = trainer::write_parity_dump(c, options.parity_dump);
     spdlog::info("parity dump {} (first-step loss {:.8f})", options.parity_dump, loss);
+    // Only the dump: a timed run in the same process would carry the dump's model and batch in
+    // its peak memory (bench/compare_pytorch.sh times in processes of their own).
+    if (options.steps == 0) return 0;
   }
+  if (options.steps < 1) throw trainer::ConfigError("--steps must be >= 1 (0 only with --parity-dump)");
   trainer::BenchReport report = trainer::run_benchmark(c, options);
   std::printf("%s\n", report.to_table().c_str());
   if (!json_path.empty()) {
@@ -154,6 +159,7 @@ int cmd_launch(parallel::LaunchOptions options, const std::vector<std::string>& 
 }  // namespace
 
 int main(int argc, char** argv) {
+  trainer::install_memory_tracking();  // before any tensor: peak CPU tensor bytes count from here
   CLI::App app{"flowtrain: native C++ trainer for diffusion transformers (DiT) with flow matching"};
   app.set_version_flag("--version", std::string("flowtrain ") + FLOWTRAIN_VERSION);
   app.require_subcommand(1);
@@ -206,7 +212,9 @@ int main(int argc, char** argv) {
   std::string bench_json;
   auto* bench = app.add_subcommand("bench", "time the real training step: step time, samples/s, TFLOP/s, MFU, memory");
   bench_args.add_to(bench);
-  bench->add_option("--steps", bench_options.steps, "timed steps")->capture_default_str()->check(CLI::PositiveNumber);
+  bench->add_option("--steps", bench_options.steps, "timed steps (0 with --parity-dump: only write the dump)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   bench->add_option("--warmup", bench_options.warmup, "untimed warm-up steps")->capture_default_str()->check(CLI::NonNegativeNumber);
   bench->add_flag("--synthetic", bench_options.synthetic, "synthetic data (data.source=synthetic)");
   bench->add_option("--peak-tflops", bench_options.peak_tflops, "MFU denominator per rank, e.g. a GPU's dense peak (default: measured matmul rate)");

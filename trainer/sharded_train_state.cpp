@@ -1,5 +1,6 @@
 // TrainState under FSDP: the DiT's blocks are units, everything else the root unit; AdamW and
 // the EMA see only this rank's fp32 shards.
+#include "models/autocast_region.h"
 #include "parallel/context.h"
 #include "parallel/fsdp.h"
 #include "trainer/builders.h"
@@ -24,13 +25,8 @@ parallel::FsdpOptions fsdp_options(const Config& c) {
   o.reduce_dtype = c.parallel.reduce_dtype == "bf16" ? at::kBFloat16 : at::kFloat;
   o.reduce_every_micro_batch = c.parallel.reduce_every_micro_batch;
   o.context_parallel = c.parallel.cp;
+  o.fault = parallel::reduction_fault_from_env();
   return o;
-}
-
-std::vector<std::string> block_units(const models::DiT& model) {
-  std::vector<std::string> prefixes;
-  for (int64_t i = 0; i < model->options.depth; ++i) prefixes.push_back(fmt::format("blocks.{}", i));
-  return prefixes;
 }
 
 class ShardedTrainState : public TrainState {
@@ -39,11 +35,13 @@ class ShardedTrainState : public TrainState {
       : model_(std::move(model)), config_(config), runtime_(runtime) {
     parallel::Comm& shard = runtime.shard_group();
     parallel::Comm* replicate = runtime.replicate_group().size() > 1 ? &runtime.replicate_group() : nullptr;
-    fsdp_ = std::make_unique<parallel::FullyShardedModule>(*model_, block_units(model_), shard, replicate,
+    fsdp_ = std::make_unique<parallel::FullyShardedModule>(*model_, dit_fsdp_plan(model_->options), shard, replicate,
                                                            fsdp_options(config));
+    if (fsdp_options(config).fault != parallel::ReductionFault::None)
+      spdlog::warn("FLOWTRAIN_FAULT_REDUCTION is set: gradients are reduced WRONGLY on purpose (a test of the checks)");
     model_->block_runner = [this](int64_t index, const models::BlockCall& call, const at::Tensor& x,
                                   const at::Tensor& c) {
-      return fsdp_->run_unit(index, [&] { return run_block(config_.train, index, call, x, c); });
+      return fsdp_->run_unit(index, {x, c}, [&] { return run_block(config_.train, index, call, x, c); });
     };
     if (runtime.context_group().size() > 1) {
       // Context parallelism: this rank's tokens from the embedding on; the output is gathered so
@@ -108,18 +106,23 @@ class ShardedTrainState : public TrainState {
   bool has_ema() const override { return !ema_.empty(); }
   int64_t optimizer_step_count() const override { return optimizer_->step_count(); }
 
-  models::DiT& sampling_model() override {
-    // Gather the sampling weights into a plain copy of the model on every rank (a collective).
+  void with_sampling_model(const std::function<void(const models::VelocityFn&)>& fn) override {
+    // The sharded model itself, with the EMA shards swapped in: every forward gathers one unit at
+    // a time (and releases it), as in training, so sampling never holds a full copy.
     if (!ema_.empty()) fsdp_->swap_shards(ema_);
-    auto full = fsdp_->full_state_dict();
-    if (!ema_.empty()) fsdp_->swap_shards(ema_);
-    if (!sampling_copy_) {
-      sampling_copy_ = build_model(config_.model);
-      sampling_copy_->to(model_->pos_embed.device());
-      for (auto& p : sampling_copy_->parameters()) p.set_requires_grad(false);
+    const bool was_training = model_->is_training();
+    model_->eval();
+    {
+      at::NoGradGuard no_grad;
+      models::AutocastRegion autocast(config_.train.precision == "bf16", model_->pos_embed.device().type());
+      fn([this](const at::Tensor& x, const at::Tensor& t, const at::Tensor& y) {
+        fsdp_->begin_forward();
+        return model_->forward(x, t, y);
+      });
     }
-    load_state_dict(*sampling_copy_, full, "gathered sampling weights");
-    return sampling_copy_;
+    model_->train(was_training);
+    fsdp_->reshard_all();
+    if (!ema_.empty()) fsdp_->swap_shards(ema_);
   }
 
   void fill_checkpoint(CheckpointContents& c) override {
@@ -144,18 +147,17 @@ class ShardedTrainState : public TrainState {
     const int64_t index = runtime_.shard_group().rank();
     CheckpointContents c;
     NamedTensors model, ema, optimizer;
-    if (checkpoint_num_shards(dir) == layout_.num_shards) {
+    if (checkpoint_num_shards(dir) == layout_.num_shards && same_units(load_checkpoint_layout(dir))) {
       c = load_checkpoint_shard(dir, index);  // written by this layout: read our files only
-      check_same_units(c.sharded->layout, dir);
       model = c.model;
       ema = c.ema;
       optimizer = c.optimizer;
       for (const auto& [name, t] : c.sharded->fixed) set_fixed(name, t);
     } else {
-      // Another world size (or an unsharded run): consolidate, then cut this rank's shards.
+      // Another world size, other units, or an unsharded run: consolidate, then cut this rank's shards.
       c = load_checkpoint(dir);
-      spdlog::info("{} was written with {} shard(s); re-sharding it for {}", dir, checkpoint_num_shards(dir),
-                   layout_.num_shards);
+      spdlog::info("{} was written with {} shard(s) in other units or another number; re-sharding it for {}", dir,
+                   checkpoint_num_shards(dir), layout_.num_shards);
       model = cut_shard(layout_, c.model, "", index, dir);
       if (!c.ema.empty()) ema = cut_shard(layout_, c.ema, "", index, dir);
       for (const char* prefix : {"exp_avg.", "exp_avg_sq."})
@@ -189,12 +191,12 @@ class ShardedTrainState : public TrainState {
   }
 
  private:
-  void check_same_units(const ShardLayout& theirs, const std::string& dir) const {
-    bool same = theirs.units.size() == layout_.units.size();
-    for (size_t i = 0; same && i < theirs.units.size(); ++i)
-      same = theirs.units[i].name == layout_.units[i].name && theirs.units[i].numel == layout_.units[i].numel;
-    if (!same)
-      throw CheckpointError(fmt::format("{}: its sharding units do not match this model (different model config?)", dir));
+  bool same_units(const std::optional<ShardLayout>& theirs) const {
+    if (!theirs || theirs->units.size() != layout_.units.size()) return false;
+    for (size_t i = 0; i < theirs->units.size(); ++i)
+      if (theirs->units[i].name != layout_.units[i].name || theirs->units[i].numel != layout_.units[i].numel)
+        return false;
+    return true;
   }
   bool is_sharded(const std::string& name) const {
     for (const auto& u : layout_.units)
@@ -222,7 +224,6 @@ class ShardedTrainState : public TrainState {
   ShardLayout layout_;
   std::unique_ptr<AdamW> optimizer_;
   std::vector<at::Tensor> ema_;  // one fp32 shard per unit, like the master shards
-  models::DiT sampling_copy_{nullptr};
 };
 
 }  // namespace

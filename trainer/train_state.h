@@ -10,10 +10,12 @@
 #pragma once
 
 #include "models/dit.h"
+#include "models/flow_matching.h"
 #include "parallel/runtime.h"
 #include "trainer/checkpoint.h"
 #include "trainer/config.h"
 
+#include <functional>
 #include <memory>
 
 namespace flowtrain::trainer {
@@ -36,9 +38,12 @@ class TrainState {
   virtual void ema_update(double decay) = 0;
   virtual bool has_ema() const = 0;
   virtual int64_t optimizer_step_count() const = 0;
-  // An unsharded model with the weights to sample from (EMA when kept, else raw). Under FSDP this
-  // is a collective: every rank must call it.
-  virtual models::DiT& sampling_model() = 0;
+  // Runs `fn` with the weights to sample from (the EMA when kept, else the raw weights) as a
+  // velocity function, in eval mode, under no-grad and the training precision's autocast. Under
+  // FSDP this is a collective: every rank calls it and makes the same number of forward calls in
+  // `fn`; the weights are gathered one unit at a time as the forward runs, so no full copy of
+  // the model exists on any rank.
+  virtual void with_sampling_model(const std::function<void(const models::VelocityFn&)>& fn) = 0;
   virtual void fill_checkpoint(CheckpointContents& contents) = 0;
   // Loads weights, EMA and optimizer state; returns the checkpoint (progress, rng, config).
   virtual CheckpointContents restore(const std::string& dir) = 0;

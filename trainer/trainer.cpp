@@ -9,10 +9,12 @@
 #include "trainer/ema.h"
 #include "trainer/evaluate.h"
 #include "trainer/file_util.h"
+#include "trainer/memory_stats.h"
 #include "trainer/sample_grid.h"
 #include "trainer/stop_signal.h"
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/detail/CUDAHooksInterface.h>
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
@@ -57,6 +59,19 @@ models::FlowMatchingDraw draw_step_inputs(const Config& c, const models::Timeste
                                           const at::Tensor& x0, const at::Tensor& labels, int64_t step,
                                           int64_t first_row) {
   const int64_t seed = c.run.seed;
+  if (x0.is_cuda()) {
+    // On the GPU: one Philox generator per (seed, step, slice), drawing the slice's t, noise and
+    // dropout on the device (per-row CPU generators would cost a host loop and a copy per step).
+    // Deterministic for a given data-parallel layout — a resume at the same layout draws the same —
+    // but a different layout splits the batch differently and so draws other (equally distributed)
+    // noise. rank slot 1 keeps these seeds apart from the CPU path's per-row ones.
+    at::Generator gen = at::detail::getCUDAHooks().getNewGenerator(x0.device().index());
+    {
+      std::lock_guard<std::mutex> lock(gen.mutex());
+      gen.set_current_seed(step_seed(seed, /*rank=*/1, step, /*micro=*/first_row));
+    }
+    return models::draw_flow_matching_inputs(x0, labels, timesteps, c.model.class_dropout, c.model.num_classes, gen);
+  }
   return models::draw_flow_matching_inputs_per_row(
       x0, labels, timesteps, c.model.class_dropout, c.model.num_classes,
       [seed, step](int64_t row) { return step_seed(seed, /*rank=*/0, step, /*micro=*/row); }, first_row);
@@ -82,6 +97,7 @@ Trainer::Trainer(Config config, TrainerHooks hooks) : config_(std::move(config))
                       std::to_string(dp_size_) + " data-parallel ranks × 'train.grad_accum' (" +
                       std::to_string(config_.train.grad_accum) + ")");
   device_ = select_device(config_.run, env_.local_rank);
+  configure_cuda(device_, config_.train);  // bound before the first collective
   dataset_ = build_dataset(config_);
   if (distributed) {
     parallel::RuntimeOptions ro{env_, shape, config_.parallel.backend, config_.parallel.timeout_s, device_};
@@ -137,7 +153,8 @@ Trainer::Trainer(Config config, TrainerHooks hooks) : config_(std::move(config))
   if (!resume.empty()) restore(resume);
   else spdlog::info("starting from scratch (seed {})", config_.run.seed);
 
-  loader_ = std::make_unique<data::Loader>(dataset_, loader_options(config_, dp_rank_, dp_size_), progress_.loader);
+  loader_ = std::make_unique<data::Loader>(dataset_, loader_options(config_, dp_rank_, dp_size_, device_),
+                                           progress_.loader);
   if (lead()) {
     metrics_ = std::make_unique<MetricsWriter>((fs::path(config_.run.out_dir) / "metrics.jsonl").string(), progress_.step);
     if (config_.train.tensorboard)
@@ -167,16 +184,31 @@ void Trainer::write_rank_report() {
   // state (counted from the tensors) and where it sat in the mesh.
   const fs::path dir = fs::path(config_.run.out_dir) / "ranks";
   fs::create_directories(dir);
+  const MemoryPeaks peaks = memory_peaks(device_);
   nlohmann::json j = {{"rank", env_.rank},
                       {"world", env_.world},
                       {"data_parallel_rank", dp_rank_},
                       {"data_parallel_size", dp_size_},
                       {"sharded", runtime_ != nullptr},
                       {"peak_state_bytes", peak_state_bytes_},
+                      {"peak_rss_bytes", peaks.rss_bytes},
+                      {"peak_allocated_bytes", peaks.allocated_bytes},
+                      {"allocated_kind", peaks.allocated_kind},
                       {"steps", progress_.step}};
   write_file_atomic((dir / fmt::format("rank-{:05d}.json", env_.rank)).string(), j.dump(2));
-  spdlog::info("rank {}: peak training state {:.2f} MiB (weights, grads, AdamW, EMA)", env_.rank,
-               peak_state_bytes_ / 1048576.0);
+  spdlog::info("rank {}: peak training state {:.2f} MiB (weights, grads, AdamW, EMA); peak {} {:.1f} MiB, peak RSS "
+               "{:.1f} MiB",
+               env_.rank, peak_state_bytes_ / 1048576.0, peaks.allocated_kind, peaks.allocated_bytes / 1048576.0,
+               peaks.rss_bytes / 1048576.0);
+}
+
+std::vector<int64_t> Trainer::gather_from_ranks(int64_t value) {
+  if (!runtime_) return {value};
+  at::Tensor mine = at::full({1}, value, at::TensorOptions().dtype(at::kLong).device(device_));
+  at::Tensor all = at::empty({env_.world}, mine.options());
+  runtime_->world_group().all_gather(all, mine)->wait();
+  all = all.cpu();
+  return std::vector<int64_t>(all.data_ptr<int64_t>(), all.data_ptr<int64_t>() + env_.world);
 }
 
 void Trainer::barrier() {
@@ -234,7 +266,9 @@ Trainer::StepResult Trainer::train_step() {
     return loader_->next();
   }();
   StepResult r{at::zeros({}, at::TensorOptions().dtype(at::kFloat).device(device_)), {}, {}, seconds_since(t_data)};
-  at::Tensor images = batch.images.to(device_), labels = batch.labels.to(device_);
+  // From pinned memory on CUDA: asynchronous copies, ordered before the step's kernels on the stream.
+  at::Tensor images = batch.images.to(device_, /*non_blocking=*/true);
+  at::Tensor labels = batch.labels.to(device_, /*non_blocking=*/true);
   const int64_t micro = images.size(0) / accum;
   const int64_t first_row = dp_rank_ * images.size(0);  // this rank's rows of the global batch
 
@@ -304,13 +338,34 @@ void Trainer::write_checkpoint() {
   spdlog::info("checkpoint {} written in {:.2f} s", path, seconds_since(t0));
 }
 
+at::Tensor Trainer::sample_rows_on_all_ranks(int64_t total, const std::function<at::Tensor(int64_t, int64_t)>& make) {
+  if (!runtime_) return make(0, total);
+  // Every data-parallel rank integrates an equal, padded slice (the same number of forward calls
+  // everywhere, as the sharded forward needs); the context ranks of one slice compute it together.
+  const int64_t per = (total + dp_size_ - 1) / dp_size_;
+  at::Tensor mine = make(dp_rank_ * per, per).to(device_).contiguous();
+  std::vector<int64_t> shape = mine.sizes().vec();
+  shape[0] = per * env_.world;
+  at::Tensor all = at::empty(shape, mine.options());
+  runtime_->world_group().all_gather(all, mine)->wait();
+  std::vector<at::Tensor> slices(dp_size_);
+  for (int64_t r = env_.world - 1; r >= 0; --r)  // the first world rank of each data-parallel rank
+    slices[runtime_->mesh().data_parallel_rank(r)] = all.narrow(0, r * per, per);
+  return at::cat(slices).narrow(0, 0, total).to(at::kCPU);
+}
+
 void Trainer::write_samples() {
   check_finite("before sampling");
   ProfileRange range("sample");
   const auto t0 = Clock::now();
-  models::DiT& model = state_->sampling_model();  // under FSDP: gathered on every rank
+  at::Tensor samples;
+  state_->with_sampling_model([&](const models::VelocityFn& velocity) {  // under FSDP: every rank
+    samples = sample_rows_on_all_ranks(config_.sample.num, [&](int64_t first, int64_t count) {
+      return generate_samples(velocity, state_->model()->options, config_.sample, config_.flow,
+                              dataset_->num_classes, device_, first, count);
+    });
+  });
   if (lead()) {
-    at::Tensor samples = generate_samples(model, config_.sample, config_.flow, dataset_->num_classes, device_);
     const std::string path =
         (fs::path(config_.run.out_dir) / "samples" / fmt::format("step-{:07d}.png", progress_.step)).string();
     at::Tensor grid = sample_grid_image(samples, dataset_->num_classes);
@@ -326,9 +381,14 @@ void Trainer::evaluate() {
   check_finite("before evaluation");
   ProfileRange range("eval");
   const auto t0 = Clock::now();
-  models::DiT& model = state_->sampling_model();
+  at::Tensor samples;
+  state_->with_sampling_model([&](const models::VelocityFn& velocity) {
+    samples = sample_rows_on_all_ranks(config_.eval.num, [&](int64_t first, int64_t count) {
+      return generate_eval_samples(velocity, state_->model()->options, config_, device_, first, count);
+    });
+  });
   if (lead()) {
-    QualityReport q = evaluate_model(model, config_, device_);
+    QualityReport q = score_eval_samples(samples, state_->model()->options, config_, device_);
     const std::map<std::string, double> values = {{"eval_fd", q.fd},
                                                   {"eval_fd_floor", q.fd_floor},
                                                   {"eval_class_accuracy", q.class_accuracy},

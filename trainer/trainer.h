@@ -56,6 +56,8 @@ class Trainer {
   // Persistent training-state bytes on this rank (weights, grads, AdamW, EMA): the memory report.
   int64_t state_bytes() const { return state_->state_bytes(); }
   c10::Device device() const { return device_; }
+  // Every rank's `value`, by rank (a collective over the world in a multi-rank run).
+  std::vector<int64_t> gather_from_ranks(int64_t value);
   // Trains to train.steps (or until a stop signal, after which it checkpoints). Returns the
   // number of optimizer steps completed in total.
   int64_t run();
@@ -69,6 +71,9 @@ class Trainer {
   void write_checkpoint();
   void write_samples();
   void evaluate();
+  // `total` rows made by make(first, count), split over the data-parallel ranks (each makes its
+  // padded slice) and gathered: every rank gets all of them, on the CPU. Collective under FSDP.
+  at::Tensor sample_rows_on_all_ranks(int64_t total, const std::function<at::Tensor(int64_t, int64_t)>& make);
   void log_step(const StepResult& r, double step_time, double data_wait);
   void check_finite(const char* when);
   std::string resolve_resume() const;
@@ -102,8 +107,10 @@ class Trainer {
 uint64_t step_seed(int64_t run_seed, int64_t rank, int64_t step, int64_t micro);
 
 // The flow-matching draws (t, noise, label dropout) of rows [first_row, first_row + B) of step
-// `step`'s global batch: each row's generator is seeded from (run seed, step, global row), so a
-// resumed run and any data-parallel layout of the same global batch draw exactly the same.
+// `step`'s global batch. CPU: each row's generator is seeded from (run seed, step, global row), so
+// a resumed run and any data-parallel layout of the same global batch draw exactly the same.
+// CUDA (x0 on the GPU): one device generator per (run seed, step, first_row), drawn on the GPU:
+// the same for a resume at the same layout, other noise at another layout.
 models::FlowMatchingDraw draw_step_inputs(const Config& config, const models::TimestepSampler& timesteps,
                                           const at::Tensor& x0, const at::Tensor& labels, int64_t step,
                                           int64_t first_row);

@@ -28,8 +28,10 @@ std::vector<std::string> with(std::vector<std::string> extra) {
 
 std::string final_checkpoint(const std::string& run) { return run + "/checkpoints/step-0000020"; }
 
-void run_world(int world, const std::string& run, const std::vector<std::string>& sets) {
+void run_world(int world, const std::string& run, const std::vector<std::string>& sets,
+               const std::vector<std::string>& env) {
   if (world == 1) {
+    ASSERT_TRUE(env.empty()) << "run_world: environment for a single-process run is not supported";
     auto r = train_tiny(run, sets);
     ASSERT_EQ(r.exit_code, 0) << r.output;
     return;
@@ -37,6 +39,7 @@ void run_world(int world, const std::string& run, const std::vector<std::string>
   RankJob job;
   job.world = world;
   job.args = tiny_train_args(run, sets);
+  job.extra_env = env;
   job.log_dir = fs::path(run).parent_path().string();
   job.deadline = std::chrono::seconds(240);
   auto results = run_ranks(job);
@@ -50,6 +53,9 @@ Difference compare_runs(const std::string& a, const std::string& b) {
   for (size_t i = 0; i < std::min(ma.size(), mb.size()); ++i) {
     const double la = ma[i]["loss"].get<double>(), lb = mb[i]["loss"].get<double>();
     d.loss_rel = std::max(d.loss_rel, std::abs(la - lb) / std::abs(la));
+    const double ga = ma[i]["grad_norm"].get<double>(), gb = mb[i]["grad_norm"].get<double>();
+    d.grad_norm_rel = std::max(d.grad_norm_rel, std::abs(ga - gb) / std::abs(ga));
+    if (i == 0) d.first_grad_norm_ratio = gb / ga;
   }
   auto ca = trainer::load_checkpoint(final_checkpoint(a)), cb = trainer::load_checkpoint(final_checkpoint(b));
   auto max_diff = [](const trainer::NamedTensors& x, const trainer::NamedTensors& y) {
@@ -69,9 +75,11 @@ Difference compare_runs(const std::string& a, const std::string& b) {
 
 void expect_equivalent(const std::string& reference, const std::string& run, const char* what) {
   Difference d = compare_runs(reference, run);
-  std::printf("[equivalence] %s: max loss rel diff %.3g, max weight abs diff %.3g, max EMA abs diff %.3g\n", what,
-              d.loss_rel, d.weight_abs, d.ema_abs);
+  std::printf("[equivalence] %s: max loss rel diff %.3g, max grad-norm rel diff %.3g, max weight abs diff %.3g, "
+              "max EMA abs diff %.3g\n",
+              what, d.loss_rel, d.grad_norm_rel, d.weight_abs, d.ema_abs);
   EXPECT_LE(d.loss_rel, kLossRelTol) << what;
+  EXPECT_LE(d.grad_norm_rel, kGradNormRelTol) << what;
   EXPECT_LE(d.weight_abs, kWeightAbsTol) << what;
   EXPECT_LE(d.ema_abs, kWeightAbsTol) << what;
 }

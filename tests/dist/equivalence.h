@@ -16,13 +16,17 @@ std::vector<std::string> with(std::vector<std::string> extra);
 std::string final_checkpoint(const std::string& run);  // <run>/checkpoints/step-0000020
 
 // Trains the tiny config into `run` with `world` ranks on loopback (one process when world is 1);
-// a non-zero exit of any rank fails the calling test with that rank's output.
-void run_world(int world, const std::string& run, const std::vector<std::string>& sets);
+// a non-zero exit of any rank fails the calling test with that rank's output. `env` (VAR=value)
+// reaches every rank.
+void run_world(int world, const std::string& run, const std::vector<std::string>& sets,
+               const std::vector<std::string>& env = {});
 
 struct Difference {
-  double loss_rel = 0, weight_abs = 0, ema_abs = 0;
+  double loss_rel = 0, grad_norm_rel = 0, weight_abs = 0, ema_abs = 0;
+  double first_grad_norm_ratio = 1;  // b's step-1 gradient norm over a's (same weights, same batch)
 };
-// Largest per-step relative loss difference and largest final weight / EMA difference.
+// Largest per-step relative loss and gradient-norm (before clipping) differences, and the
+// largest final weight / EMA difference.
 Difference compare_runs(const std::string& a, const std::string& b);
 
 // Tolerances. The sharded runs do the same fp32 arithmetic in another order: each rank's loss
@@ -37,8 +41,17 @@ Difference compare_runs(const std::string& a, const std::string& b);
 // few steps, which these bounds would catch.
 constexpr double kLossRelTol = 1e-5;
 constexpr double kWeightAbsTol = 1e-4;
+// The gradient norm (before clipping) is where a wrong reduction factor shows directly: scaled
+// gradients change AdamW's updates only through ε and the clip, so losses and weights move by a
+// factor-dependent amount that depends on the model's state, while the norm moves by the factor
+// itself from step 1 (tests/dist/test_reduction_mutations.cpp measures both). Honest runs compute
+// the same gradient with another fp32 reduction order, then drift by the ≤1e-4 weight
+// differences above; measured over this suite's runs: ≤ 2.2e-7 relative, the order of the
+// losses', so the same bound.
+constexpr double kGradNormRelTol = 1e-5;
 
-// compare_runs, printed as "[equivalence] what: …" and checked against the tolerances.
+// compare_runs, printed as "[equivalence] what: …" and checked against the tolerances (loss,
+// gradient norm, weights, EMA).
 void expect_equivalent(const std::string& reference, const std::string& run, const char* what);
 
 // The rank's peak bytes of training state, from <run>/ranks/rank-RRRRR.json.

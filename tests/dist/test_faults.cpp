@@ -110,3 +110,57 @@ TEST(DistFaults, HungRankEndsTheOthersAfterTheTimeout) {
   EXPECT_GE(seconds, 7.0) << "gave up before the configured timeout:\n" << out;
   EXPECT_LT(seconds, 8 + 20) << out;
 }
+
+TEST(DistFaults, RankKilledInsideACheckpointWriteLeavesTheLastCompleteCheckpointToResumeFrom) {
+  // World 2 saves every 5 steps. At step 10 each writer's model shard is cut to half its bytes
+  // (what a kill during its write leaves) and the writer pauses; rank 1 is SIGKILLed there. Rank 0
+  // must fail at the save's next barrier (not hang, not commit), and a restart must resume from
+  // step 5 and finish exactly as an uninterrupted run.
+  REQUIRE_DATA();
+  const std::string base = scratch_dir("killed_mid_save");
+  const std::vector<std::string> sets = {"train.steps=15",   "checkpoint.every=5", "train.log_every=1",
+                                         "train.threads=1",  "data.workers=1",     "parallel.timeout_s=20",
+                                         "train.tensorboard=false"};
+  RankJob straight;
+  straight.world = 2;
+  straight.args = tiny_train_args(base + "/straight", sets);
+  straight.log_dir = base + "/straight_logs";
+  fs::create_directories(straight.log_dir);
+  for (const auto& r : run_ranks(straight)) ASSERT_EQ(r.exit_code, 0) << r.output;
+
+  const std::string run = base + "/run";
+  RankJob job = straight;
+  job.args = tiny_train_args(run, sets);
+  job.log_dir = base;
+  job.extra_env = {"FLOWTRAIN_FAULT_CHECKPOINT_PAUSE=10:5:torn"};
+  job.deadline = std::chrono::seconds(120);
+  const auto pids = start_ranks(job, free_port());
+  KillOnExit cleanup{pids};
+  const std::string shard1 = run + "/checkpoints/step-0000010.tmp/model.shard-00001-of-00002.safetensors";
+  const std::string whole1 = base + "/straight/checkpoints/step-0000010/model.shard-00001-of-00002.safetensors";
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(90);
+  auto torn = [&] { return fs::exists(shard1) && fs::file_size(shard1) < fs::file_size(whole1); };
+  while (!torn() && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  ASSERT_TRUE(torn()) << read_if_exists(base + "/rank-1.log");
+  ASSERT_EQ(kill(pids[1], SIGKILL), 0);
+  auto results = wait_ranks(job, pids);
+  std::printf("[faults] rank 1 killed inside its step-10 shard write; rank 0 exited %d\n", results[0].exit_code);
+  EXPECT_NE(results[0].exit_code, 0) << results[0].output;
+  EXPECT_NE(results[0].exit_code, -1) << "rank 0 hung:\n" << results[0].output;
+  EXPECT_FALSE(fs::exists(run + "/checkpoints/step-0000010")) << "a torn checkpoint was committed";
+  EXPECT_TRUE(fs::exists(run + "/checkpoints/step-0000005/manifest.json"));
+
+  RankJob again = straight;
+  again.args = tiny_train_args(run, sets);
+  again.log_dir = base + "/again_logs";
+  fs::create_directories(again.log_dir);
+  auto resumed = run_ranks(again);
+  for (const auto& r : resumed) ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(contains(resumed[0].output, "resumed from " + run + "/checkpoints/step-0000005")) << resumed[0].output;
+  EXPECT_FALSE(fs::exists(run + "/checkpoints/step-0000010.tmp"));
+  for (const auto& entry : fs::directory_iterator(base + "/straight/checkpoints/step-0000015")) {
+    const std::string name = entry.path().filename().string();
+    if (name == "manifest.json") continue;
+    EXPECT_EQ(read_file(entry.path().string()), read_file(run + "/checkpoints/step-0000015/" + name)) << name;
+  }
+}

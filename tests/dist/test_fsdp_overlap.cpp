@@ -7,6 +7,7 @@
 #include "models/dit.h"
 #include "parallel/fsdp.h"
 #include "parallel/runtime.h"
+#include "trainer/builders.h"
 
 #include <gtest/gtest.h>
 
@@ -44,12 +45,11 @@ TEST(DistFsdp, GathersArePrefetchedReduceScattersOverlapBackwardAndGradsMatchUns
 
   auto errors = test::run_thread_ranks(world, parallel::MeshShape{}, [&](int rank, parallel::Runtime& runtime) {
     models::DiT& model = models[rank];
-    std::vector<std::string> units;
-    for (int i = 0; i < kDepth; ++i) units.push_back("blocks." + std::to_string(i));
-    parallel::FullyShardedModule fsdp(*model, units, runtime.shard_group(), nullptr, {});
+    parallel::FullyShardedModule fsdp(*model, trainer::dit_fsdp_plan(model->options), runtime.shard_group(), nullptr,
+                                      {});
     fsdp.set_event_log(&out[rank].events);
     model->block_runner = [&](int64_t i, const models::BlockCall& call, const at::Tensor& xi, const at::Tensor& c) {
-      return fsdp.run_unit(i, [&] { return call(xi, c); });
+      return fsdp.run_unit(i, {xi, c}, [&] { return call(xi, c); });
     };
     const int64_t half = batch / world;
     fsdp.set_gradient_sync(true);
@@ -95,6 +95,26 @@ TEST(DistFsdp, GathersArePrefetchedReduceScattersOverlapBackwardAndGradsMatchUns
                 second_gather - ev.begin() < index_of(ev, "backward_begin blocks." + std::to_string(i - 1)))
         << "unit " << i - 1 << " must be re-gathered (prefetched) during unit " << i << "'s backward\n" << all;
   }
+
+  // The stem (embedders) is released once block 0 starts and gathered again, prefetched, when
+  // block 0's backward begins; the head (final layer) is gathered while the last block runs.
+  const std::string last = "blocks." + std::to_string(depth - 1);
+  EXPECT_LT(index_of(ev, "release stem"), index_of(ev, "forward_begin blocks.0")) << all;
+  EXPECT_LT(index_of(ev, "gather_issue head"), index_of(ev, "forward_end " + last)) << all;
+  const int64_t bwd0 = index_of(ev, "backward_begin blocks.0");
+  EXPECT_TRUE(std::find(ev.begin() + bwd0, ev.end(), "gather_issue stem") != ev.end())
+      << "the stem must be re-gathered for the embedders' backward\n" << all;
+  // Gradient buffers are freed as their reductions complete, during backward: never more than
+  // kMaxReducesInFlight flat unsharded gradients at once, and the head's is gone before block 0's
+  // backward starts.
+  int64_t in_flight = 0, most = 0;
+  for (const auto& e : ev) {
+    if (e.rfind("reduce_issue ", 0) == 0) most = std::max(most, ++in_flight);
+    if (e.rfind("reduce_done ", 0) == 0) --in_flight;
+  }
+  EXPECT_EQ(in_flight, 0) << all;
+  EXPECT_LE(most, static_cast<int64_t>(parallel::FullyShardedModule::kMaxReducesInFlight)) << all;
+  EXPECT_LT(index_of(ev, "reduce_done head"), bwd0) << all;
 
   // Numbers: the unsharded model on the whole batch (mean loss) has the gradient the two ranks'
   // averaged half-batch gradients make. Differences come only from summation order (fp32).

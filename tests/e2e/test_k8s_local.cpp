@@ -34,21 +34,6 @@ using namespace flowtrain::test;
 
 namespace {
 
-// Distributed training is still landing: these tests turn on by themselves once `flowtrain
-// config` shows a parallel: section and `flowtrain launch` exists. Remove this line when it has.
-#define REQUIRE_DISTRIBUTED_RUNTIME() \
-  if (!distributed_runtime_present()) GTEST_SKIP() << "needs distributed runtime"
-
-bool distributed_runtime_present() {
-  static const bool present = [] {
-    const auto config = run_flowtrain("config -c " + source_path("tests/configs/tiny_fashion.yaml"));
-    const auto help = run_flowtrain("launch --help");
-    return config.output.find("\nparallel:") != std::string::npos && help.exit_code == 0;
-  }();
-  return present;
-}
-
-
 YAML::Node load_doc(const std::string& file, const std::string& kind) {
   for (const YAML::Node& n : YAML::LoadAllFromFile(source_path("configs/k8s/" + file)))
     if (n && n["kind"] && n["kind"].as<std::string>() == kind) return n;
@@ -196,7 +181,6 @@ std::string manifest(const std::string& run, int64_t step) {
 // to loopback), train as ranks 0 and 1, and both exit 0 with rank 0's checkpoint written.
 TEST(K8sLocal, TwoPodsWithTheManifestsEnvironmentTrain) {
   REQUIRE_DATA();
-  REQUIRE_DISTRIBUTED_RUNTIME();
   const std::string scratch = scratch_dir("k8s_two_pods");
   LocalPods pods(scratch);
   EXPECT_EQ(pods.master_host(), load_doc("indexed-job.yaml", "Job")["metadata"]["name"].as<std::string>() + "-0." +
@@ -219,7 +203,6 @@ TEST(K8sLocal, TwoPodsWithTheManifestsEnvironmentTrain) {
 // FINAL_CHECKPOINT_WAIT_S, so Kubernetes replaces both instead of counting the run as finished.
 TEST(K8sLocal, SigtermToOnePodStopsBothWith143AndACheckpoint) {
   REQUIRE_DATA();
-  REQUIRE_DISTRIBUTED_RUNTIME();
   const std::string scratch = scratch_dir("k8s_sigterm_two_pods");
   LocalPods pods(scratch);
   pods.set_nodes(2);

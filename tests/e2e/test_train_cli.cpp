@@ -91,32 +91,41 @@ TEST(TrainCli, ResumeAndCrashRecoveryReproduceTheStraightRunBitForBit) {
   expect_same_files(ckpt(straight, 20), ckpt(resumed, 20));
   expect_same_metrics(read_metrics(straight), read_metrics(resumed));
 
-  // The crash: the fault-injection hook pauses after the first file of step 10's checkpoint.
-  const std::string crashed = scratch_dir("crashed");
-  std::string args = "train -c " + source_path("tests/configs/tiny_fashion.yaml") + " --set run.out_dir=" + crashed +
-                     " --set data.path=" + fashion_mnist_dir();
-  for (const auto& s : every5) args += " --set " + s;
-  const std::string pid_file = crashed + "/../crashed.pid";
-  std::system(("FLOWTRAIN_FAULT_CHECKPOINT_PAUSE=10:120 " + std::string(FLOWTRAIN_BINARY) + " " + args + " > " +
-               crashed + "/../crashed.log 2>&1 & echo $! > " + pid_file)
-                  .c_str());
-  const pid_t pid = std::stoi(read_file(pid_file));
-  const std::string partial = crashed + "/checkpoints/step-0000010.tmp/model.safetensors";
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
-  while (!fs::exists(partial) && std::chrono::steady_clock::now() < deadline)
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  ASSERT_TRUE(fs::exists(partial)) << read_file(crashed + "/../crashed.log");
-  ASSERT_EQ(kill(pid, SIGKILL), 0);
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));
-  EXPECT_FALSE(fs::exists(ckpt(crashed, 10))) << "a half-written checkpoint looks complete";
-  EXPECT_TRUE(fs::exists(ckpt(crashed, 5) + "/manifest.json"));
+  // The crashes: the fault-injection hook pauses after the first file of step 10's checkpoint
+  // (between two files), or first cuts that file to half its bytes (a kill inside its write).
+  for (const std::string mode : {"", ":torn"}) {
+    const std::string crashed = scratch_dir("crashed" + (mode.empty() ? std::string() : "_torn"));
+    std::string args = "train -c " + source_path("tests/configs/tiny_fashion.yaml") + " --set run.out_dir=" + crashed +
+                       " --set data.path=" + fashion_mnist_dir();
+    for (const auto& s : every5) args += " --set " + s;
+    const std::string pid_file = crashed + "/../crashed.pid", log = crashed + "/../crashed.log";
+    std::system(("FLOWTRAIN_FAULT_CHECKPOINT_PAUSE=10:120" + mode + " " + std::string(FLOWTRAIN_BINARY) + " " + args +
+                 " > " + log + " 2>&1 & echo $! > " + pid_file)
+                    .c_str());
+    const pid_t pid = std::stoi(read_file(pid_file));
+    const std::string partial = crashed + "/checkpoints/step-0000010.tmp/model.safetensors";
+    // The torn mode writes the whole file, then cuts it: wait until the cut is done (the log
+    // cannot tell, so wait for the size to stop being the full one, ~0.2 MB here).
+    auto ready = [&] {
+      if (!fs::exists(partial)) return false;
+      return mode.empty() || fs::file_size(partial) < fs::file_size(ckpt(straight, 10) + "/model.safetensors");
+    };
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+    while (!ready() && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    ASSERT_TRUE(ready()) << read_file(log);
+    ASSERT_EQ(kill(pid, SIGKILL), 0);
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    EXPECT_FALSE(fs::exists(ckpt(crashed, 10))) << "a half-written checkpoint looks complete" << mode;
+    EXPECT_TRUE(fs::exists(ckpt(crashed, 5) + "/manifest.json"));
 
-  r = train_tiny(crashed, every5);
-  ASSERT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_NE(r.output.find("resumed from " + ckpt(crashed, 5)), std::string::npos) << r.output;
-  EXPECT_FALSE(fs::exists(crashed + "/checkpoints/step-0000010.tmp"));  // leftovers cleaned
-  expect_same_files(ckpt(straight, 20), ckpt(crashed, 20));
-  expect_same_metrics(read_metrics(straight), read_metrics(crashed));
+    r = train_tiny(crashed, every5);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find("resumed from " + ckpt(crashed, 5)), std::string::npos) << mode << r.output;
+    EXPECT_FALSE(fs::exists(crashed + "/checkpoints/step-0000010.tmp"));  // leftovers cleaned
+    expect_same_files(ckpt(straight, 20), ckpt(crashed, 20));
+    expect_same_metrics(read_metrics(straight), read_metrics(crashed));
+  }
 }
 
 TEST(TrainCli, ExportUsesReferenceKeyNamesAndSampleWritesAGrid) {

@@ -4,6 +4,10 @@
 #include "models/dit.h"
 #include "parallel/activation_checkpoint.h"
 #include "test_util.h"
+#include "data/image_dataset.h"
+#include "data/loader.h"
+#include "trainer/builders.h"
+#include "trainer/trainer.h"
 
 #include <ATen/Context.h>
 #include <ATen/autocast_mode.h>
@@ -97,4 +101,51 @@ TEST(Cuda, ActivationCheckpointingUnderBf16AutocastGivesTheStoredGradients) {
   // The same bf16 kernels on the same inputs: equal up to non-deterministic reductions (atomics
   // in some CUDA backward kernels), far below the ~1e-2 a recompute in fp32 would differ by.
   for (const auto& [name, g] : want) EXPECT_LT(rel_error(got.at(name), g), 1e-3) << name;
+}
+
+TEST(Cuda, StepDrawsOnTheDeviceAreReproducibleAndDifferPerSlice) {
+  REQUIRE_CUDA();
+  flowtrain::trainer::Config c;
+  c.run.seed = 5;
+  const auto ts = flowtrain::trainer::timestep_sampler(c.flow);
+  const auto cuda = at::TensorOptions().device(at::kCUDA);
+  at::Tensor x0 = at::zeros({64, 4, 16, 16}, cuda), labels = at::zeros({64}, cuda.dtype(at::kLong));
+  auto a = flowtrain::trainer::draw_step_inputs(c, ts, x0, labels, /*step=*/3, /*first_row=*/0);
+  auto b = flowtrain::trainer::draw_step_inputs(c, ts, x0, labels, 3, 0);
+  auto other = flowtrain::trainer::draw_step_inputs(c, ts, x0, labels, 3, 64);  // the next rank's slice
+  EXPECT_TRUE(a.noise.is_cuda() && a.t.is_cuda() && a.labels.is_cuda());
+  EXPECT_TRUE(a.noise.equal(b.noise) && a.t.equal(b.t) && a.labels.equal(b.labels)) << "same seed, same draw";
+  EXPECT_FALSE(a.noise.equal(other.noise));
+  // N(0, 1) noise over 65,536 values: mean within 0.02 (≈ 5 standard errors) and std within 2%.
+  EXPECT_LT(std::abs(a.noise.mean().item<double>()), 0.02);
+  EXPECT_NEAR(a.noise.std().item<double>(), 1.0, 0.02);
+  EXPECT_GT(a.t.min().item<double>(), 0.0);
+  EXPECT_LT(a.t.max().item<double>(), 1.0);
+}
+
+TEST(Cuda, Tf32MatmulPrecisionFollowsTheConfig) {
+  REQUIRE_CUDA();
+  flowtrain::trainer::TrainConfig train;
+  train.tf32 = true;
+  flowtrain::trainer::configure_cuda(c10::Device(c10::kCUDA, 0), train);
+  EXPECT_EQ(at::globalContext().float32MatmulPrecision(), at::Float32MatmulPrecision::HIGH);
+  train.tf32 = false;
+  flowtrain::trainer::configure_cuda(c10::Device(c10::kCUDA, 0), train);
+  EXPECT_EQ(at::globalContext().float32MatmulPrecision(), at::Float32MatmulPrecision::HIGHEST);
+}
+
+TEST(Cuda, LoaderPinsBatchesForAsynchronousCopies) {
+  REQUIRE_CUDA();
+  auto dataset = std::make_shared<flowtrain::data::ImageDataset>(
+      flowtrain::data::make_synthetic_dataset(256, 4, 16, 10, /*seed=*/1));
+  flowtrain::data::LoaderOptions o;
+  o.global_batch = 32;
+  o.workers = 1;
+  o.pin_memory = true;
+  flowtrain::data::Loader loader(dataset, o);
+  auto batch = loader.next();
+  EXPECT_TRUE(batch.images.is_pinned());
+  EXPECT_TRUE(batch.labels.is_pinned());
+  at::Tensor on_gpu = batch.images.to(at::kCUDA, /*non_blocking=*/true);
+  EXPECT_TRUE(on_gpu.cpu().equal(batch.images));
 }

@@ -95,7 +95,7 @@ TEST(ConfigTest, AllKeysListsEverySettingInFileOrder) {
       "optim.lr", "optim.beta1", "optim.beta2", "optim.eps", "optim.weight_decay", "optim.warmup_steps",
       "optim.schedule", "optim.min_lr_ratio", "optim.grad_clip",
       "train.steps", "train.grad_accum", "train.precision", "train.ema_decay", "train.ema_warmup", "train.log_every", "train.threads",
-      "train.tensorboard", "train.activation_checkpointing", "train.activation_checkpointing_every",
+      "train.tensorboard", "train.activation_checkpointing", "train.activation_checkpointing_every", "train.tf32",
       "sample.every", "sample.num", "sample.steps", "sample.sampler", "sample.cfg_scale", "sample.seed",
       "checkpoint.every", "checkpoint.keep", "checkpoint.resume",
       "eval.every", "eval.num", "eval.steps", "eval.sampler", "eval.cfg_scale", "eval.seed", "eval.classifier_dir",
@@ -326,7 +326,7 @@ Config everything_changed() {
   c.flow = {"uniform", -0.3, 0.7, 3.0};
   c.data = {"synthetic", "", 96, 0, 2};
   c.optim = {3e-4, 0.8, 0.95, 1e-6, 0.01, 50, "cosine", 0.1, 0.0};
-  c.train = {12345, 3, "bf16", 0.999, false, 5, 2, false, "full", 2};
+  c.train = {12345, 3, "bf16", 0.999, false, 5, 2, false, "full", 2, false};
   c.sample = {0, 16, 20, "heun", 4.0, 99};
   c.checkpoint = {100, 0, "never"};
   c.eval = {250, 500, 10, "euler", 2.0, 7, "/tmp/classifiers"};

@@ -170,8 +170,8 @@ TEST(FashionMnistTest, ClassNames) {
 }
 
 TEST(FashionMnistTest, RealDatasetWhenInstalled) {
-  if (!fs::exists(kFashionMnistDefaultDir)) GTEST_SKIP() << kFashionMnistDefaultDir << " not installed";
-  const ImageDataset train = load_fashion_mnist(kFashionMnistDefaultDir, "train");
+  REQUIRE_DATA();
+  const ImageDataset train = load_fashion_mnist(flowtrain::test::fashion_mnist_dir(), "train");
   EXPECT_EQ(train.images.sizes(), at::IntArrayRef({60000, 1, 28, 28}));
   EXPECT_EQ(train.labels.sizes(), at::IntArrayRef({60000}));
   EXPECT_TRUE(at::equal(at::bincount(train.labels), at::full({10}, 6000, at::TensorOptions().dtype(at::kLong))));
@@ -179,7 +179,7 @@ TEST(FashionMnistTest, RealDatasetWhenInstalled) {
   EXPECT_EQ(train.images.max().item<int64_t>(), 255);
   EXPECT_EQ(train.images.min().item<int64_t>(), 0);
 
-  const ImageDataset test_split = load_fashion_mnist(kFashionMnistDefaultDir, "test");
+  const ImageDataset test_split = load_fashion_mnist(flowtrain::test::fashion_mnist_dir(), "test");
   EXPECT_EQ(test_split.images.sizes(), at::IntArrayRef({10000, 1, 28, 28}));
   EXPECT_TRUE(at::equal(at::bincount(test_split.labels), at::full({10}, 1000, at::TensorOptions().dtype(at::kLong))));
 }
