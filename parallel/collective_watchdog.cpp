@@ -7,8 +7,12 @@
 namespace flowtrain::parallel {
 
 CollectiveWatchdog::CollectiveWatchdog(std::chrono::milliseconds timeout, Expired on_expired,
-                                       std::chrono::milliseconds poll)
-    : timeout_(timeout), poll_(poll), on_expired_(std::move(on_expired)), thread_([this] { monitor(); }) {}
+                                       std::chrono::milliseconds poll, std::function<void()> on_thread_start)
+    : timeout_(timeout),
+      poll_(poll),
+      on_expired_(std::move(on_expired)),
+      on_thread_start_(std::move(on_thread_start)),
+      thread_([this] { monitor(); }) {}
 
 CollectiveWatchdog::~CollectiveWatchdog() {
   {
@@ -30,6 +34,7 @@ size_t CollectiveWatchdog::pending() const {
 }
 
 void CollectiveWatchdog::monitor() {
+  if (on_thread_start_) on_thread_start_();
   std::unique_lock<std::mutex> lock(mutex_);
   while (!stopping_) {
     wake_.wait_for(lock, poll_, [this] { return stopping_; });

@@ -22,8 +22,11 @@ namespace flowtrain::parallel {
 class CollectiveWatchdog {
  public:
   using Expired = std::function<void(const std::string& message)>;
+  // `on_thread_start` runs first in the monitor thread: NCCL runs set the rank's CUDA device
+  // there, or polling CUDA events would create a context on device 0 in that thread.
   CollectiveWatchdog(std::chrono::milliseconds timeout, Expired on_expired,
-                     std::chrono::milliseconds poll = std::chrono::milliseconds(500));
+                     std::chrono::milliseconds poll = std::chrono::milliseconds(500),
+                     std::function<void()> on_thread_start = {});
   ~CollectiveWatchdog();
   CollectiveWatchdog(const CollectiveWatchdog&) = delete;
   CollectiveWatchdog& operator=(const CollectiveWatchdog&) = delete;
@@ -43,6 +46,7 @@ class CollectiveWatchdog {
 
   std::chrono::milliseconds timeout_, poll_;
   Expired on_expired_;
+  std::function<void()> on_thread_start_;
   mutable std::mutex mutex_;
   std::condition_variable wake_;
   std::list<Entry> entries_;

@@ -27,9 +27,6 @@ class Work {
  public:
   virtual ~Work() = default;
   virtual void wait() = 0;
-  // Whether the operation has finished (successfully or not; wait() then returns at once or
-  // throws). Never blocks: FSDP polls it to free each gradient buffer as its reduction lands.
-  virtual bool completed() = 0;
 };
 using WorkHandle = std::shared_ptr<Work>;
 

@@ -9,6 +9,7 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
+#include <c10/core/impl/VirtualGuardImpl.h>
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
@@ -44,7 +45,6 @@ class C10dWork : public Work {
     done_ = true;
     if (then_) then_();
   }
-  bool completed() override { return done_ || work_->isCompleted(); }
 
  private:
   c10::intrusive_ptr<c10d::Work> work_;
@@ -111,7 +111,6 @@ class C10dComm : public Comm {
         recv->wait();
         send->wait();
       }
-      bool completed() override { return recv->completed() && send->completed(); }
     };
     auto both = std::make_shared<Both>();
     both->recv = run("recv", [&] { return backend_->recv(ins, static_cast<int>(src), static_cast<int>(tag)); });
@@ -149,7 +148,6 @@ class C10dComm : public Comm {
         inner->wait();
         notify_comm_event({CommEvent::Wait, group, op, ""});
       }
-      bool completed() override { return inner->completed(); }
     };
     auto observed = std::make_shared<Observed>();
     observed->inner = handle;
@@ -204,6 +202,8 @@ class C10dRuntime : public Runtime {
                      static_cast<long long>(rank), message.c_str());
         std::fflush(stderr);
         std::_Exit(1);  // NCCL teardown with a collective in flight can block: leave now
+      }, std::chrono::milliseconds(500), [device = o.device] {
+        c10::impl::VirtualGuardImpl(device.type()).setDevice(device);
       });
     }
     world_ = make_group("world", all_ranks(), timeout);
@@ -221,13 +221,13 @@ class C10dRuntime : public Runtime {
   Comm& replicate_group() override { return *replicate_; }
   Comm& context_group() override { return *context_; }
   void shutdown() override {
+    watchdog_.reset();  // stop polling before the communicators go
     for (auto& b : nccl_backends_) detail::shutdown_nccl_backend(b);
     nccl_backends_.clear();
     context_.reset();
     replicate_.reset();
     shard_.reset();
     world_.reset();
-    watchdog_.reset();
   }
 
  private:
@@ -311,7 +311,9 @@ class C10dRuntime : public Runtime {
   std::shared_ptr<::gloo::transport::Device> device_;
   c10::Device device_index_{c10::kCPU};
   std::vector<c10::intrusive_ptr<c10d::Backend>> nccl_backends_;
-  std::unique_ptr<CollectiveWatchdog> watchdog_;  // NCCL only; outlives the groups that report to it
+  // NCCL only. Stopped first at shutdown (the groups, released right after, issue nothing more);
+  // declared before the groups, so destroyed after them otherwise.
+  std::unique_ptr<CollectiveWatchdog> watchdog_;
   std::unique_ptr<Comm> world_, shard_, replicate_, context_;
 };
 

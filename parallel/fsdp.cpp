@@ -2,6 +2,7 @@
 
 #include <ATen/record_function.h>
 #include <c10/core/StorageImpl.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
 
@@ -126,6 +127,7 @@ FullyShardedModule::FullyShardedModule(torch::nn::Module& module, const FsdpPlan
     u->gathered = true;
     release(*u);
     layouts_.push_back(l);
+    spare_buffers_.clear();  // the construction-time buffers: a gather allocates what it needs
   }
 }
 
@@ -138,22 +140,71 @@ void FullyShardedModule::event(const std::string& what) {
   if (events_) events_->push_back(what);
 }
 
+at::DataPtr FullyShardedModule::take_buffer(c10::StorageImpl& storage, size_t bytes) {
+  auto it = spare_buffers_.find(bytes);
+  if (it == spare_buffers_.end()) return storage.allocator()->allocate(bytes);
+  at::DataPtr buffer = std::move(it->second);
+  spare_buffers_.erase(it);
+  return buffer;
+}
+
+void FullyShardedModule::keep_buffer(at::DataPtr buffer, size_t bytes) {
+  // Only as many buffers of a size as were ever gathered at once exist, so this stays bounded
+  // by the schedule's peak (a few units), which the memory report counts as live.
+  if (buffer.device().is_cpu() && buffer.get()) spare_buffers_.emplace(bytes, std::move(buffer));
+}
+
+at::Tensor FullyShardedModule::reduce_buffer(int64_t numel) {
+  const auto opts = units_.front()->shard.options().dtype(options_.reduce_dtype);
+  if (!opts.device().is_cpu()) return at::zeros({numel}, opts);
+  if (reduce_slots_.empty()) {
+    int64_t largest = 0;
+    for (const auto& u : units_) largest = std::max(largest, u->layout.padded_numel);
+    for (size_t i = 0; i < kMaxReducesInFlight; ++i) reduce_slots_.push_back(at::empty({largest}, opts));
+  }
+  // Slots are used round-robin; finish_reduces keeps fewer than kMaxReducesInFlight in flight
+  // before a new one is taken, and reductions finish in issue order, so the slot is free.
+  at::Tensor slot = reduce_slots_[next_reduce_slot_++ % reduce_slots_.size()].narrow(0, 0, numel);
+  return slot.zero_();
+}
+
 void FullyShardedModule::release(Unit& u) {
   if (!u.gathered) return;
   event("release " + u.layout.name);
   c10::StorageImpl* storage = u.full.storage().unsafeGetStorageImpl();
-  storage->set_data_ptr_noswap(at::DataPtr(nullptr, u.full.device()));
+  const size_t bytes = storage->nbytes();
+  keep_buffer(storage->set_data_ptr(at::DataPtr(nullptr, u.full.device())), bytes);
   storage->set_nbytes(0);
   u.gathered = false;
+  mark_device(released_marks_, u.full.device());
+}
+
+void FullyShardedModule::mark_device(std::deque<c10::Event>& marks, const c10::Device& device) {
+  if (!device.is_cuda()) return;  // on the CPU, work is done when the host moves on
+  marks.emplace_back(device.type());
+  marks.back().record(c10::impl::VirtualGuardImpl(device.type()).getStream(device));
+}
+
+void FullyShardedModule::wait_device_marks(std::deque<c10::Event>& marks, size_t keep) {
+  // The host may run ahead of the GPU by many units; memory freed on the host is only reusable
+  // once the device has passed its last use (the caching allocator waits on the streams that
+  // used it). Waiting here for the mark `keep` releases back bounds what is alive on the device
+  // to the same few buffers as on the host — what FSDP1's limit_all_gathers does.
+  while (marks.size() > keep) {
+    RECORD_USER_SCOPE("fsdp.wait_device");
+    marks.front().synchronize();
+    marks.pop_front();
+  }
 }
 
 void FullyShardedModule::start_gather(Unit& u) {
   if (u.gathered || u.gather_work) return;
   RECORD_USER_SCOPE("fsdp.all_gather");
   event("gather_issue " + u.layout.name);
+  wait_device_marks(released_marks_, kMaxGathersAhead);
   c10::StorageImpl* storage = u.full.storage().unsafeGetStorageImpl();
   const size_t bytes = static_cast<size_t>(u.layout.padded_numel) * c10::elementSize(options_.compute_dtype);
-  storage->set_data_ptr_noswap(storage->allocator()->allocate(bytes));
+  storage->set_data_ptr_noswap(take_buffer(*storage, bytes));
   storage->set_nbytes(bytes);
   at::NoGradGuard no_grad;
   u.gather_input = u.shard.detach().to(options_.compute_dtype);
@@ -226,7 +277,6 @@ void FullyShardedModule::on_grad_ready(Unit& u) {
   // and the reduction can start while the next unit's backward computes.
   release(u);
   if (sync_ || options_.reduce_every_micro_batch) start_reduce(u);
-  finish_reduces(kMaxReducesInFlight);
 }
 
 void FullyShardedModule::start_reduce(Unit& u) {
@@ -235,11 +285,12 @@ void FullyShardedModule::start_reduce(Unit& u) {
   if (!any || u.reduce_work) return;
   // Make room first: this unit's flat gradient is about to be allocated.
   finish_reduces(kMaxReducesInFlight - 1);
+  wait_device_marks(reduced_marks_, kMaxReducesInFlight - 1);
   RECORD_USER_SCOPE("fsdp.reduce_scatter");
   event("reduce_issue " + u.layout.name);
   at::NoGradGuard no_grad;
   const auto opts = u.shard.options().dtype(options_.reduce_dtype);
-  u.reduce_input = at::zeros({u.layout.padded_numel}, opts);
+  u.reduce_input = reduce_buffer(u.layout.padded_numel);
   for (size_t k = 0; k < u.params.size(); ++k) {
     at::Tensor& p = u.params[k];
     if (!p.grad().defined()) continue;
@@ -253,9 +304,10 @@ void FullyShardedModule::start_reduce(Unit& u) {
 }
 
 void FullyShardedModule::finish_reduces(size_t max_in_flight) {
-  // Oldest first, so the replicate group's all-reduces are issued in the same order on every
-  // rank (unit order), whatever the timing of completions.
-  while (!reducing_.empty() && (reducing_.size() > max_in_flight || reducing_.front()->reduce_work->completed())) {
+  // Oldest first, and only at points fixed by the schedule (never "whatever has completed"), so
+  // every rank issues the replicate group's all-reduces at the same place among the shard
+  // group's collectives: NCCL needs one issue order across communicators on all ranks.
+  while (reducing_.size() > max_in_flight) {
     Unit& u = *reducing_.front();
     reducing_.pop_front();
     finish_reduce(u);
@@ -265,13 +317,14 @@ void FullyShardedModule::finish_reduces(size_t max_in_flight) {
 void FullyShardedModule::finish_reduce(Unit& u) {
   {
     RECORD_USER_SCOPE("fsdp.wait_reduce_scatter");
-    u.reduce_work->wait();
+    u.reduce_work->wait();  // CUDA: the compute stream now waits for the reduction
   }
+  mark_device(reduced_marks_, u.reduce_input.device());  // passed once the reduction is done on the device
   event("reduce_done " + u.layout.name);
   at::NoGradGuard no_grad;
   at::Tensor reduced = u.reduce_output.to(at::kFloat);
   u.reduce_work.reset();
-  u.reduce_input.reset();  // the unit's flat unsharded gradient: freed as soon as it is reduced
+  u.reduce_input.reset();  // the unit's flat unsharded gradient (a reduce slot on the CPU) is free again
   u.reduce_output.reset();
   if (options_.context_parallel > 1 && options_.fault != ReductionFault::NoContextSum)
     reduced.mul_(static_cast<double>(options_.context_parallel));
@@ -308,6 +361,7 @@ void FullyShardedModule::finish_backward() {
   }
   event("backward_end");
   reshard_all();
+  reduced_marks_.clear();  // the optimizer waits on the stream anyway
 }
 
 void FullyShardedModule::reshard_all() {

@@ -1,6 +1,7 @@
 #include "trainer/evaluate.h"
 
 #include "data/fashion_mnist.h"
+#include "models/autocast_region.h"
 #include "models/classifier.h"
 #include "models/flow_matching.h"
 #include "trainer/builders.h"
@@ -68,7 +69,9 @@ at::Tensor class_matched_subset(const data::ImageDataset& dataset, int64_t n, ui
   return at::tensor(chosen, at::TensorOptions().dtype(at::kLong));
 }
 
-void check_config(const Config& c, const models::DiTOptions& o) {
+}  // namespace
+
+void check_eval_config(const Config& c, const models::DiTOptions& o) {
   const std::string where = c.source_path.empty() ? std::string("config") : c.source_path;
   auto fail = [&](const std::string& what) { throw ConfigError(where + ": " + what); };
   if (c.data.source != "fashion_mnist")
@@ -82,6 +85,8 @@ void check_config(const Config& c, const models::DiTOptions& o) {
                      o.num_classes, kClasses));
   if (c.eval.num < 2) fail(fmt::format("'eval.num' must be >= 2, got {}", c.eval.num));
 }
+
+namespace {
 
 // The process-wide context for (classifier cache, data directory, device), created on first use.
 // Evaluations are serialised by the mutex (they share the classifier module).
@@ -157,12 +162,14 @@ at::Tensor generate_eval_samples(const models::VelocityFn& velocity, const model
 }
 
 QualityReport evaluate_model(models::DiT& model, const Config& config, const c10::Device& device) {
-  check_config(config, model->options);
+  check_eval_config(config, model->options);
   const bool was_training = model->is_training();
   model->eval();
   at::Tensor samples;
   {
     at::NoGradGuard no_grad;
+    // In the training precision, as during training (TrainState::with_sampling_model).
+    models::AutocastRegion autocast(config.train.precision == "bf16", device.type());
     models::VelocityFn velocity = [&](const at::Tensor& x, const at::Tensor& t, const at::Tensor& y) {
       return model->forward(x, t, y);
     };
@@ -176,7 +183,7 @@ QualityReport evaluate_model(models::DiT& model, const Config& config, const c10
 
 QualityReport score_eval_samples(const at::Tensor& samples, const models::DiTOptions& options, const Config& config,
                                  const c10::Device& device) {
-  check_config(config, options);
+  check_eval_config(config, options);
   std::lock_guard<std::mutex> lock(g_context_mutex);
   EvalContext& context = eval_context(config, device);
   const int64_t n = config.eval.num;

@@ -40,12 +40,17 @@ struct QualityReport {
   std::string to_json() const;
 };
 
+// Throws ConfigError naming the key when the quality metrics cannot score this config (the
+// requirements below). The trainer checks at start when eval.every > 0.
+void check_eval_config(const Config& config, const models::DiTOptions& model);
+
 // Scores `model` as it is (pass the EMA model to score EMA weights) on `device`. Needs
 // data.source = fashion_mnist (the classifier's data set, read from data.path), in_channels 1,
 // image_size >= 28, num_classes >= 10 and eval.num <= 10000 (the test split's size); throws
 // ConfigError naming the key otherwise. Trains the classifier first if it is not cached in
-// eval.classifier_dir. The model's train/eval mode is restored. = generate_eval_samples, then
-// score_eval_samples.
+// eval.classifier_dir. The model's train/eval mode is restored. Samples in the training
+// precision (train.precision bf16: under autocast), as training's evaluations do. =
+// generate_eval_samples, then score_eval_samples.
 QualityReport evaluate_model(models::DiT& model, const Config& config, const c10::Device& device);
 
 // Builds the model from config.model, loads the checkpoint's EMA weights (its raw weights when it

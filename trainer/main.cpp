@@ -5,6 +5,7 @@
 #include "data/fashion_mnist.h"
 #include "trainer/memory_stats.h"
 #include "trainer/bench.h"
+#include "models/autocast_region.h"
 #include "models/dit.h"
 #include "parallel/env.h"
 #include "parallel/launch.h"
@@ -70,7 +71,11 @@ int cmd_sample(const ConfigArgs& args, const std::string& checkpoint, std::strin
   trainer::load_state_dict(*model, use_ema ? ckpt.ema : ckpt.model,
                            checkpoint + (use_ema ? "/ema.safetensors" : "/model.safetensors"));
   model->to(device);
-  at::Tensor samples = trainer::generate_samples(model, c.sample, c.flow, c.model.num_classes, device);
+  at::Tensor samples;
+  {
+    models::AutocastRegion autocast(c.train.precision == "bf16", device.type());  // as training samples
+    samples = trainer::generate_samples(model, c.sample, c.flow, c.model.num_classes, device);
+  }
   // One column per class of the data set when the model has more class slots than shown.
   trainer::write_sample_grid(out, samples, std::min<int64_t>(c.model.num_classes, 10));
   spdlog::info("wrote {} ({} samples from {} weights at step {}, {} {} steps, cfg {})", out, c.sample.num,

@@ -99,6 +99,7 @@ Trainer::Trainer(Config config, TrainerHooks hooks) : config_(std::move(config))
   device_ = select_device(config_.run, env_.local_rank);
   configure_cuda(device_, config_.train);  // bound before the first collective
   dataset_ = build_dataset(config_);
+  if (config_.eval.every > 0) check_eval_config(config_, dit_options(config_.model));  // every rank, up front
   if (distributed) {
     parallel::RuntimeOptions ro{env_, shape, config_.parallel.backend, config_.parallel.timeout_s, device_};
     runtime_ = parallel::Runtime::create(ro);  // rendezvous: every rank arrives or all fail
