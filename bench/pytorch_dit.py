@@ -1,5 +1,5 @@
 """A plain PyTorch DiT (Peebles & Xie, "Scalable Diffusion Models with Transformers"), the
-comparison peer for flowtrain's C++ model (models/layers.cpp, models/dit.cpp).
+comparison peer for flowtrain's C++ model (models/layers.cpp, models/dit/dit.cpp).
 
 Written from the paper and the reference description (facebookresearch/DiT models.py); module
 and parameter names follow the reference so that its checkpoints, flowtrain's exports and the

@@ -1,7 +1,7 @@
 # Helpers shared by the per-folder CMakeLists.
 
 # flowtrain_library(NAME SOURCES… [DEPS …]): a static library `flowtrain_<NAME>` with the repo
-# root on its include path (includes read "models/dit.h"), warnings on, and the shared
+# root on its include path (includes read "models/dit/dit.h"), warnings on, and the shared
 # precompiled LibTorch header.
 function(flowtrain_library name)
   cmake_parse_arguments(ARG "" "" "SOURCES;DEPS" ${ARGN})

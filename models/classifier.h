@@ -2,7 +2,7 @@
 // classifier_cache.h) because no Inception weights can be downloaded offline. Its penultimate
 // activations are the feature space of flowtrain's Fréchet distance (FID's recipe with a
 // Fashion-MNIST network instead of Inception-v3), its softmax the p(y|x) of the class accuracy
-// and inception-style score (trainer/quality.h).
+// and inception-style score (trainer/eval/quality.h).
 //
 //   x [B, 1, 28, 28] in [−1, 1]
 //   ─ conv1 3×3 1→32   ─ bn1 ─ ReLU ─ maxpool 2 ─▶ [B, 32, 14, 14]

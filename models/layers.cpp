@@ -2,7 +2,7 @@
 
 #include <torch/nn/modules/activation.h>
 
-#include "models/cpu_fused.h"
+#include "models/kernels/cpu_fused.h"
 
 #include <algorithm>
 #include <cmath>

@@ -2,7 +2,7 @@
 #pragma once
 
 #include "data/data_error.h"
-#include "models/dit.h"
+#include "models/dit/dit.h"
 
 #include <gtest/gtest.h>
 

@@ -2,7 +2,7 @@
 
 #include "data/fashion_mnist.h"
 #include "parallel/activation_checkpoint.h"
-#include "trainer/memory_stats.h"
+#include "trainer/telemetry/memory_stats.h"
 
 #include <ATen/Parallel.h>
 #include <ATen/Context.h>

@@ -4,10 +4,10 @@
 
 #include "data/image_dataset.h"
 #include "data/loader.h"
-#include "models/dit.h"
+#include "models/dit/dit.h"
 #include "models/flow_matching.h"
 #include "parallel/fsdp.h"
-#include "trainer/config.h"
+#include "trainer/config/config.h"
 
 #include <c10/core/Device.h>
 

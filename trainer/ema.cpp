@@ -1,6 +1,6 @@
 #include "trainer/ema.h"
 
-#include "trainer/state_dict.h"
+#include "trainer/checkpoint/state_dict.h"
 
 #include <algorithm>
 

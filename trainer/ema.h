@@ -2,7 +2,7 @@
 // optimizer step), kept as a second model so sampling and export use it directly.
 #pragma once
 
-#include "models/dit.h"
+#include "models/dit/dit.h"
 
 namespace flowtrain::trainer {
 

@@ -5,7 +5,7 @@
 #include "parallel/fsdp.h"
 #include "trainer/builders.h"
 #include "trainer/optimizer.h"
-#include "trainer/shard_layout.h"
+#include "trainer/checkpoint/shard_layout.h"
 #include "trainer/train_state.h"
 
 #include <fmt/format.h>

@@ -9,11 +9,11 @@
 // backward → end; then reduce_and_clip → optimizer_step → ema_update.
 #pragma once
 
-#include "models/dit.h"
+#include "models/dit/dit.h"
 #include "models/flow_matching.h"
 #include "parallel/runtime.h"
-#include "trainer/checkpoint.h"
-#include "trainer/config.h"
+#include "trainer/checkpoint/checkpoint.h"
+#include "trainer/config/config.h"
 
 #include <functional>
 #include <memory>

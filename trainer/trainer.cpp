@@ -7,10 +7,10 @@
 
 #include "trainer/builders.h"
 #include "trainer/ema.h"
-#include "trainer/evaluate.h"
-#include "trainer/file_util.h"
-#include "trainer/memory_stats.h"
-#include "trainer/sample_grid.h"
+#include "trainer/eval/evaluate.h"
+#include "trainer/checkpoint/file_util.h"
+#include "trainer/telemetry/memory_stats.h"
+#include "trainer/eval/sample_grid.h"
 #include "trainer/stop_signal.h"
 
 #include <ATen/CPUGeneratorImpl.h>

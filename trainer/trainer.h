@@ -8,16 +8,16 @@
 #pragma once
 
 #include "data/loader.h"
-#include "models/dit.h"
+#include "models/dit/dit.h"
 #include "models/flow_matching.h"
-#include "trainer/checkpoint.h"
-#include "trainer/config.h"
+#include "trainer/checkpoint/checkpoint.h"
+#include "trainer/config/config.h"
 #include "parallel/env.h"
 #include "parallel/runtime.h"
 #include "trainer/optimizer.h"
-#include "trainer/profiler.h"
-#include "trainer/run_log.h"
-#include "trainer/tensorboard.h"
+#include "trainer/telemetry/profiler.h"
+#include "trainer/telemetry/run_log.h"
+#include "trainer/telemetry/tensorboard.h"
 #include "trainer/train_state.h"
 
 #include <c10/core/Device.h>

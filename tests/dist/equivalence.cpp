@@ -4,7 +4,7 @@
 #include "rank_runner.h"
 #include "test_util.h"
 
-#include "trainer/checkpoint.h"
+#include "trainer/checkpoint/checkpoint.h"
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>

@@ -4,7 +4,7 @@
 #include "rank_runner.h"
 #include "test_util.h"
 
-#include "models/dit.h"
+#include "models/dit/dit.h"
 #include "parallel/fsdp.h"
 #include "parallel/runtime.h"
 #include "trainer/builders.h"

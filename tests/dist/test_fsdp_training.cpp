@@ -6,7 +6,7 @@
 
 #include "data/png.h"
 #include "data/safetensors.h"
-#include "trainer/checkpoint.h"
+#include "trainer/checkpoint/checkpoint.h"
 
 #include <filesystem>
 

@@ -6,11 +6,11 @@
 #include "models/classifier.h"
 #include "test_util.h"
 #include "trainer/builders.h"
-#include "trainer/checkpoint.h"
-#include "trainer/classifier_cache.h"
-#include "trainer/config.h"
-#include "trainer/evaluate.h"
-#include "trainer/quality.h"
+#include "trainer/checkpoint/checkpoint.h"
+#include "trainer/eval/classifier_cache.h"
+#include "trainer/config/config.h"
+#include "trainer/eval/evaluate.h"
+#include "trainer/eval/quality.h"
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>

@@ -1,7 +1,7 @@
 // The CUDA paths against the CPU reference. Skipped (with the reason) where no GPU is present.
 #include "cli_runner.h"
 #include "models/autocast_region.h"
-#include "models/dit.h"
+#include "models/dit/dit.h"
 #include "parallel/activation_checkpoint.h"
 #include "test_util.h"
 #include "data/image_dataset.h"

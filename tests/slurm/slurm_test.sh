@@ -31,7 +31,7 @@ CLUSTER_SH=$SRC/scripts/slurm/local_cluster.sh
 SBATCH_SCRIPT=$SRC/scripts/slurm/train.sbatch
 
 # --- What the trainer prints (one place to adjust if the log format changes) ------------------
-# trainer/run_log.cpp prefixes every line with "[rank R]"; every rank logs at least its startup
+# trainer/telemetry/run_log.cpp prefixes every line with "[rank R]"; every rank logs at least its startup
 # lines (run directory, launch environment), rank 0 also the step lines.
 rank_prefix() { printf '[rank %d]' "$1"; }
 STEP_LINE_RE='step +[0-9]+/[0-9]+ \| loss'

@@ -1,6 +1,6 @@
 // Activation checkpointing: a recomputed block gives the gradients the stored block gives, and a
 // block that draws random numbers draws the same ones when it is recomputed.
-#include "models/dit.h"
+#include "models/dit/dit.h"
 #include "parallel/activation_checkpoint.h"
 #include "test_util.h"
 

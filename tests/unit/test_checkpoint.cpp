@@ -1,6 +1,6 @@
 // Checkpoint commit protocol: round trip, verification, fallback past damaged or partial saves.
 #include "test_util.h"
-#include "trainer/checkpoint.h"
+#include "trainer/checkpoint/checkpoint.h"
 
 #include <gtest/gtest.h>
 

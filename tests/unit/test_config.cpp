@@ -1,7 +1,7 @@
 // Config loading: every kind of bad input must produce a message that names where (file and
 // line, or the --set), which key, and what was allowed; good input round-trips through to_yaml.
 #include "trainer/builders.h"
-#include "trainer/config.h"
+#include "trainer/config/config.h"
 
 #include <gtest/gtest.h>
 

@@ -1,7 +1,7 @@
 // Which GPU a rank binds to (trainer/builders.h cuda_device_for_rank): a pure function of the
 // launch environment, so the rules are checked here without a GPU.
 #include "trainer/builders.h"
-#include "trainer/config.h"
+#include "trainer/config/config.h"
 
 #include <gtest/gtest.h>
 

@@ -1,7 +1,7 @@
 // DiT against independent float64 computations of the reference formulas
 // (facebookresearch/DiT models.py) and the reference parameter names.
-#include "models/cpu_fused.h"
-#include "models/dit.h"
+#include "models/kernels/cpu_fused.h"
+#include "models/dit/dit.h"
 
 #include <gtest/gtest.h>
 #include <torch/csrc/autograd/autograd.h>

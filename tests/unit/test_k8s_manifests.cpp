@@ -2,7 +2,7 @@
 // (the Job's pods resolve rank 0 through the headless Service, the environment the runtime and
 // entrypoint.sh read is there and consistent with the GPU count, /dev/shm is big, the ConfigMap
 // is the one mounted and its training config loads and fits the world size).
-#include "trainer/config.h"
+#include "trainer/config/config.h"
 
 #include <gtest/gtest.h>
 #include <yaml-cpp/yaml.h>

@@ -2,7 +2,7 @@
 // it, written as Chrome trace JSON (what Perfetto opens). Runs on the CPU; a CUDA trace is
 // checked by the gpu tests.
 #include "test_util.h"
-#include "trainer/profiler.h"
+#include "trainer/telemetry/profiler.h"
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>

@@ -1,6 +1,6 @@
-// Quality metrics (trainer/quality.h) against closed forms and independently computed float64
+// Quality metrics (trainer/eval/quality.h) against closed forms and independently computed float64
 // references.
-#include "trainer/quality.h"
+#include "trainer/eval/quality.h"
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>

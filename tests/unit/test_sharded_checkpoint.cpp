@@ -1,8 +1,8 @@
 // Sharded checkpoints: the layout record, consolidation and re-cutting of shards, and the
 // multi-writer commit protocol (ranks simulated by threads sharing a barrier).
 #include "test_util.h"
-#include "trainer/checkpoint.h"
-#include "trainer/shard_layout.h"
+#include "trainer/checkpoint/checkpoint.h"
+#include "trainer/checkpoint/shard_layout.h"
 
 #include <gtest/gtest.h>
 

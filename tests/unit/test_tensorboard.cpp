@@ -3,7 +3,7 @@
 // so a shared misunderstanding of the format cannot make writer and test agree.
 #include "data/png.h"
 #include "test_util.h"
-#include "trainer/tensorboard.h"
+#include "trainer/telemetry/tensorboard.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>

@@ -1,0 +1,151 @@
+#include "models/dit/dit.h"
+
+#include <torch/nn/init.h>
+#include <torch/nn/modules/activation.h>
+
+#include <stdexcept>
+
+namespace flowtrain::models {
+
+DiTOptions dit_size(const std::string& name, DiTOptions base) {
+  struct Size { const char* name; int64_t depth, hidden, heads; };
+  static const Size sizes[] = {
+      {"tiny", 4, 128, 4}, {"S", 12, 384, 6}, {"B", 12, 768, 12}, {"L", 24, 1024, 16}, {"XL", 28, 1152, 16}};
+  for (const Size& s : sizes) {
+    if (name == s.name) {
+      base.depth = s.depth;
+      base.hidden = s.hidden;
+      base.heads = s.heads;
+      return base;
+    }
+  }
+  throw std::invalid_argument("unknown DiT size '" + name + "' (expected tiny|S|B|L|XL)");
+}
+
+// ---- block -------------------------------------------------------------------------------
+
+DiTBlockImpl::DiTBlockImpl(int64_t hidden, int64_t heads, int64_t mlp_hidden, AttentionFn attention) {
+  attn = register_module("attn", Attention(hidden, heads, std::move(attention)));
+  mlp = register_module("mlp", Mlp(hidden, mlp_hidden));
+  adaLN_modulation = register_module(
+      "adaLN_modulation", torch::nn::Sequential(torch::nn::SiLU(), make_linear(hidden, 6 * hidden)));
+}
+
+at::Tensor DiTBlockImpl::forward(const at::Tensor& x, const at::Tensor& c) {
+  // Reference chunk order: shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp.
+  auto mod = adaLN_modulation->forward(c).chunk(6, /*dim=*/1);
+  const at::Tensor &shift_msa = mod[0], &scale_msa = mod[1], &gate_msa = mod[2];
+  const at::Tensor &shift_mlp = mod[3], &scale_mlp = mod[4], &gate_mlp = mod[5];
+  // x + gate·attn(modulate(norm1(x), shift, scale)), then the same with the MLP (fused CPU kernels).
+  at::Tensor h = gated_residual(x, gate_msa, attn->forward(adaln_modulate(x, shift_msa, scale_msa)));
+  return gated_residual(h, gate_mlp, mlp->forward(adaln_modulate(h, shift_mlp, scale_mlp)));
+}
+
+// ---- final layer -------------------------------------------------------------------------
+
+FinalLayerImpl::FinalLayerImpl(int64_t hidden, int64_t patch, int64_t out_channels) {
+  linear = register_module("linear", make_linear(hidden, patch * patch * out_channels));
+  adaLN_modulation = register_module(
+      "adaLN_modulation", torch::nn::Sequential(torch::nn::SiLU(), make_linear(hidden, 2 * hidden)));
+}
+
+at::Tensor FinalLayerImpl::forward(const at::Tensor& x, const at::Tensor& c) {
+  auto mod = adaLN_modulation->forward(c).chunk(2, /*dim=*/1);  // shift, scale
+  return linear_forward(linear, adaln_modulate(x, mod[0], mod[1]));  // modulate(norm_final(x), shift, scale)
+}
+
+// ---- model -------------------------------------------------------------------------------
+
+DiTImpl::DiTImpl(const DiTOptions& o, AttentionFn attention) : options(o) {
+  TORCH_CHECK(o.input_size % o.patch == 0, "DiT: input_size ", o.input_size, " not divisible by patch ", o.patch);
+  TORCH_CHECK(o.hidden % o.heads == 0, "DiT: hidden ", o.hidden, " not divisible by heads ", o.heads);
+  // Registration order = the reference's state_dict order.
+  x_embedder = register_module("x_embedder", PatchEmbed(o.in_channels, o.hidden, o.patch));
+  t_embedder = register_module("t_embedder", TimestepEmbedder(o.hidden));
+  y_embedder = register_module("y_embedder", LabelEmbedder(o.num_classes, o.hidden));
+  pos_embed = register_parameter("pos_embed", at::zeros({1, o.num_tokens(), o.hidden}), /*requires_grad=*/false);
+  blocks = register_module("blocks", torch::nn::ModuleList());
+  for (int64_t i = 0; i < o.depth; ++i) blocks->push_back(DiTBlock(o.hidden, o.heads, o.mlp_hidden(), attention));
+  final_layer = register_module("final_layer", FinalLayer(o.hidden, o.patch, o.out_channels()));
+  initialize_weights();
+}
+
+void DiTImpl::initialize_weights() {
+  namespace init = torch::nn::init;
+  at::NoGradGuard no_grad;
+  // 1. xavier_uniform on every Linear, zero biases (the reference's _basic_init, module order).
+  for (const auto& module : modules(/*include_self=*/false)) {
+    if (auto* linear = module->as<torch::nn::Linear>()) {
+      init::xavier_uniform_(linear->weight);
+      if (linear->bias.defined()) init::zeros_(linear->bias);
+    }
+  }
+  // 2. Fixed sin-cos position table.
+  pos_embed.copy_(sincos_pos_embed_2d(options.hidden, options.grid()).unsqueeze(0));
+  // 3. Patch embedding like a Linear: xavier on the weight viewed as [D, C·p·p].
+  at::Tensor w = x_embedder->proj->weight;
+  init::xavier_uniform_(w.view({w.size(0), -1}));
+  init::zeros_(x_embedder->proj->bias);
+  // 4. Embedders: normal(0, 0.02).
+  init::normal_(y_embedder->embedding_table->weight, 0.0, 0.02);
+  for (int idx : {0, 2}) init::normal_(t_embedder->mlp[idx]->as<torch::nn::Linear>()->weight, 0.0, 0.02);
+  // 5. adaLN-Zero: every block's modulation and the final layer output start at zero, so each
+  //    block is the identity and the model outputs 0 at initialisation.
+  for (const auto& block : *blocks) {
+    auto* last = block->as<DiTBlock>()->adaLN_modulation[1]->as<torch::nn::Linear>();
+    init::zeros_(last->weight);
+    init::zeros_(last->bias);
+  }
+  auto* final_mod = final_layer->adaLN_modulation[1]->as<torch::nn::Linear>();
+  init::zeros_(final_mod->weight);
+  init::zeros_(final_mod->bias);
+  init::zeros_(final_layer->linear->weight);
+  init::zeros_(final_layer->linear->bias);
+}
+
+at::Tensor DiTImpl::unpatchify(const at::Tensor& tokens) const {
+  const int64_t c = options.out_channels(), p = options.patch, h = options.grid(), w = options.grid();
+  TORCH_CHECK(tokens.size(1) == h * w, "unpatchify: expected ", h * w, " tokens, got ", tokens.size(1));
+  // [B, h·w, p·p·c] -> [B, h, w, p, q, c] -> "nhwpqc -> nchpwq" -> [B, c, h·p, w·p]
+  at::Tensor x = tokens.reshape({tokens.size(0), h, w, p, p, c});
+  x = x.permute({0, 5, 1, 3, 2, 4});
+  return x.reshape({tokens.size(0), c, h * p, w * p});
+}
+
+at::Tensor DiTImpl::forward(const at::Tensor& x, const at::Tensor& t, const at::Tensor& y) {
+  at::Tensor tokens = x_embedder->forward(x) + pos_embed;                 // [B, T, D]
+  if (sequence_split.split) tokens = sequence_split.split(tokens);       // [B, T/cp, D]
+  at::Tensor c = t_embedder->forward(t * options.timestep_scale) + y_embedder->forward(y);  // [B, D]
+  for (int64_t i = 0; i < options.depth; ++i) {
+    DiTBlockImpl* block = blocks[i]->as<DiTBlock>();
+    if (!block_runner) {
+      tokens = block->forward(tokens, c);
+      continue;
+    }
+    tokens = block_runner(i, [block](const at::Tensor& x, const at::Tensor& cond) { return block->forward(x, cond); },
+                          tokens, c);
+  }
+  at::Tensor out = final_layer->forward(tokens, c);                       // [B, T, p²·C_out]
+  if (sequence_split.gather) out = sequence_split.gather(out);
+  return unpatchify(out);                                                 // [B, C_out, H, W]
+}
+
+int64_t count_parameters(const torch::nn::Module& module) {
+  int64_t n = 0;
+  for (const auto& p : module.parameters(/*recurse=*/true)) n += p.numel();
+  return n;
+}
+
+double dit_forward_flops_per_sample(const DiTOptions& o) {
+  const double T = static_cast<double>(o.num_tokens()), D = static_cast<double>(o.hidden);
+  const double mlp = static_cast<double>(o.mlp_hidden()), patch_in = double(o.in_channels) * o.patch * o.patch;
+  const double per_token_block = 2.0 * (3 * D * D + D * D + 2 * D * mlp) + 4.0 * T * D;
+  const double per_sample_block = 2.0 * D * 6 * D;  // adaLN modulation linear
+  double flops = o.depth * (T * per_token_block + per_sample_block);
+  flops += T * 2.0 * patch_in * D;                                              // patch embedding
+  flops += T * 2.0 * D * (o.patch * o.patch * o.out_channels()) + 2.0 * D * 2 * D;  // final layer
+  flops += 2.0 * (256 * D + D * D);                                             // timestep MLP
+  return flops;
+}
+
+}  // namespace flowtrain::models

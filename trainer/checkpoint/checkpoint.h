@@ -1,0 +1,103 @@
+// Training checkpoints: a directory per step, safetensors files for tensors plus a JSON manifest.
+//
+//   checkpoints/step-0000500/
+//     model.safetensors       fp32 master weights, reference key names (blocks.0.attn.qkv.weight …)
+//     ema.safetensors         EMA weights, same keys (absent when train.ema_decay = 0)
+//     optimizer.safetensors   AdamW state: exp_avg.<key>, exp_avg_sq.<key>
+//     rng.safetensors         generator states (cpu; cuda when used)
+//     manifest.json           step, data-loader state per rank, LR/optimizer counters, the resolved
+//                             config, world layout, and size + CRC-32 of every file above
+//
+// Commit protocol: everything is written into `step-NNNNNNN.tmp/`, each file fsynced, the
+// manifest last; then the directory is renamed to `step-NNNNNNN/` and its parent fsynced. A
+// crash at any point leaves either the previous checkpoints untouched plus a `.tmp` directory
+// (ignored and removed on the next start) or a complete checkpoint. Loading verifies every
+// file's size and CRC against the manifest, so a damaged checkpoint is refused by name.
+//
+// Sharded (FSDP) checkpoints: every shard writes its own files, `model.shard-K-of-N.safetensors`
+// (and ema., optimizer.), keyed by unit ("stem", "blocks.3", "head"), plus rank 0's `fixed.safetensors`
+// (unsharded parameters) and rng; the manifest's "layout" records the units (trainer/checkpoint/shard_layout.h)
+// and every file's CRC. The commit protocol is the same, with barriers: rank 0 creates the .tmp
+// directory; all writers write and record their digests; rank 0 writes the manifest and renames.
+// load_checkpoint() consolidates any checkpoint to full named tensors (export, eval, a resume at
+// another world size); load_checkpoint_shard() reads one shard for an exact same-layout resume.
+#pragma once
+
+#include "data/loader.h"
+#include "trainer/checkpoint/shard_layout.h"
+#include "trainer/checkpoint/state_dict.h"
+
+#include <functional>
+#include <optional>
+#include <string>
+
+namespace flowtrain::trainer {
+
+struct TrainProgress {
+  int64_t step = 0;           // optimizer steps completed
+  int64_t samples_seen = 0;
+  double lr = 0.0;            // lr used by the last step
+  data::LoaderState loader;   // rank 0 (world 1); one entry per rank once sharded
+};
+
+// This rank's part of a sharded state; model/ema/optimizer then hold unit-keyed shard tensors.
+struct ShardedContents {
+  ShardLayout layout;
+  int64_t shard_index = 0;
+  bool writer = true;   // HSDP replicas hold the same shard: only replica 0 writes it
+  NamedTensors fixed;   // unsharded parameters (pos_embed), written by rank 0
+};
+
+struct CheckpointContents {
+  NamedTensors model;
+  NamedTensors ema;        // may be empty
+  NamedTensors optimizer;  // exp_avg.<key>, exp_avg_sq.<key>
+  NamedTensors rng;        // "cpu" (+ "cuda:<i>")
+  TrainProgress progress;
+  int64_t optimizer_step_count = 0;
+  std::string config_yaml;  // the resolved config of the run that wrote it
+  std::optional<ShardedContents> sharded;
+  int64_t world_size = 1;
+};
+
+// The ranks taking part in a save: all call save_checkpoint together; `barrier` (empty at
+// world 1) separates the protocol's phases.
+struct SaveGroup {
+  int64_t rank = 0;
+  std::function<void()> barrier;
+};
+
+std::string checkpoint_name(int64_t step);  // "step-0000500"
+
+// Writes a checkpoint under `checkpoints_dir` with the commit protocol above; returns its path.
+std::string save_checkpoint(const std::string& checkpoints_dir, const CheckpointContents& contents,
+                            const SaveGroup& group = {});
+
+// Reads and verifies a checkpoint directory. Throws CheckpointError naming the file on any
+// missing, truncated or corrupt part.
+// A sharded checkpoint is consolidated: weights and optimizer moments come back per parameter.
+CheckpointContents load_checkpoint(const std::string& dir);
+
+// Shard `shard_index` of a sharded checkpoint as written (unit-keyed tensors, `sharded` set).
+// Throws CheckpointError if the checkpoint is not sharded.
+CheckpointContents load_checkpoint_shard(const std::string& dir, int64_t shard_index);
+
+// Number of shards a checkpoint was written with (1 for an unsharded one).
+int64_t checkpoint_num_shards(const std::string& dir);
+// The FSDP layout a checkpoint was written with (nullopt for an unsharded one).
+std::optional<ShardLayout> load_checkpoint_layout(const std::string& dir);
+
+// Cheap verification (manifest + sizes + CRCs) without loading tensors; returns "" if valid,
+// else the reason.
+std::string verify_checkpoint(const std::string& dir);
+
+// The newest complete, verified checkpoint under `checkpoints_dir`, or nullopt. Invalid ones are
+// reported through `warn` and skipped (a corrupt newest checkpoint falls back to the previous).
+std::optional<std::string> find_latest_checkpoint(const std::string& checkpoints_dir,
+                                                  const std::function<void(const std::string&)>& warn);
+
+// Removes `*.tmp` leftovers of interrupted saves, then all but the newest `keep` complete
+// checkpoints (keep = 0: keep all).
+void prune_checkpoints(const std::string& checkpoints_dir, int64_t keep);
+
+}  // namespace flowtrain::trainer

@@ -1,0 +1,734 @@
+// Config loading: one schema table drives parsing, validation, to_yaml and all_keys, so a new
+// key is added in exactly one place (build_schema below) and can never be parsed but not
+// emitted, or emitted but not validated.
+#include "trainer/config/config.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <initializer_list>
+#include <map>
+#include <optional>
+#include <set>
+#include <sstream>
+#include <system_error>
+#include <variant>
+
+// fmt is deliberately not used here: the LibTorch wheel ships its own (newer) fmt headers that
+// shadow the system library's on the include path, and this file does not need either.
+
+namespace flowtrain::trainer {
+namespace {
+
+// ---------------------------------------------------------------------------------------------
+// Model size presets. The single source for both resolved_*() and the model.size choices.
+
+struct SizePreset {
+  const char* name;
+  int64_t depth;
+  int64_t hidden;
+  int64_t heads;
+};
+
+constexpr SizePreset kSizes[] = {
+    {"tiny", 4, 128, 4}, {"S", 12, 384, 6}, {"B", 12, 768, 12}, {"L", 24, 1024, 16}, {"XL", 28, 1152, 16},
+};
+
+std::vector<std::string> size_names() {
+  std::vector<std::string> names;
+  for (const auto& s : kSizes) names.emplace_back(s.name);
+  return names;
+}
+
+std::string join(const std::vector<std::string>& items, const std::string& sep) {
+  std::string out;
+  for (size_t i = 0; i < items.size(); ++i) {
+    if (i) out += sep;
+    out += items[i];
+  }
+  return out;
+}
+
+const SizePreset& size_preset(const std::string& size) {
+  for (const auto& s : kSizes)
+    if (size == s.name) return s;
+  throw ConfigError("'model.size' must be one of " + join(size_names(), "|") + ", got '" + size + "'");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Number formatting: shortest representation that parses back to the same double, so that
+// to_yaml → parse is exact.
+
+std::string format_double(double v) {
+  char buf[64];
+  auto res = std::to_chars(buf, buf + sizeof(buf), v);
+  std::string s(buf, res.ptr);
+  // A mantissa without a dot ("1", "1e-04") reads back here either way, but "1.0" tells a
+  // human the key takes a real number, and YAML 1.1 readers (PyYAML) only take "1.0e-04" as a
+  // float.
+  if (std::isfinite(v) && s.find('.') == std::string::npos) {
+    const auto e = s.find('e');
+    s.insert(e == std::string::npos ? s.size() : e, ".0");
+  }
+  return s;
+}
+
+std::string format_int(int64_t v) { return std::to_string(v); }
+
+// ---------------------------------------------------------------------------------------------
+// Allowed values of a key. Numeric bounds apply to int and real keys, choices/non_empty to
+// strings. describe() is the text used in every error message about the key.
+
+struct Allowed {
+  std::optional<double> lo, hi;
+  bool lo_open = false, hi_open = false;
+  std::vector<std::string> choices;  // empty = any string
+  bool non_empty = false;
+
+  std::string describe() const {
+    if (!choices.empty()) return "one of " + join(choices, "|");
+    if (non_empty) return "a non-empty string";
+    auto num = [](double v) {
+      // Bounds are whole numbers or simple fractions; print 0 rather than 0.0.
+      if (v == std::floor(v) && std::fabs(v) < 1e15) return format_int(static_cast<int64_t>(v));
+      return format_double(v);
+    };
+    if (lo && hi)
+      return std::string("in ") + (lo_open ? "(" : "[") + num(*lo) + ", " + num(*hi) + (hi_open ? ")" : "]");
+    if (lo) return std::string(lo_open ? "> " : ">= ") + num(*lo);
+    if (hi) return std::string(hi_open ? "< " : "<= ") + num(*hi);
+    return "";
+  }
+
+  bool admits(double v) const {
+    if (lo && (lo_open ? !(v > *lo) : !(v >= *lo))) return false;
+    if (hi && (hi_open ? !(v < *hi) : !(v <= *hi))) return false;
+    return true;
+  }
+
+  bool admits(const std::string& v) const {
+    if (non_empty && v.empty()) return false;
+    return choices.empty() || std::find(choices.begin(), choices.end(), v) != choices.end();
+  }
+};
+
+Allowed any() { return {}; }
+Allowed at_least(double lo) {
+  Allowed a;
+  a.lo = lo;
+  return a;
+}
+Allowed above(double lo) {
+  Allowed a;
+  a.lo = lo;
+  a.lo_open = true;
+  return a;
+}
+// Interval with explicit bracket kinds: range("[)", 0, 1) is [0, 1).
+Allowed range(const char* brackets, double lo, double hi) {
+  Allowed a;
+  a.lo = lo;
+  a.hi = hi;
+  a.lo_open = brackets[0] == '(';
+  a.hi_open = brackets[1] == ')';
+  return a;
+}
+Allowed one_of(std::vector<std::string> choices) {
+  Allowed a;
+  a.choices = std::move(choices);
+  return a;
+}
+Allowed non_empty() {
+  Allowed a;
+  a.non_empty = true;
+  return a;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The schema.
+
+using Ref = std::variant<int64_t*, double*, bool*, std::string*>;
+
+struct Field {
+  std::string section;
+  std::string name;
+  Allowed allowed;
+  std::string help;
+  std::function<Ref(Config&)> at;  // the member this key maps to
+
+  std::string dotted() const { return section + "." + name; }
+  // Read-only access; the accessor is shared with the writers, so it takes a mutable Config.
+  Ref at_const(const Config& c) const { return at(const_cast<Config&>(c)); }
+};
+
+struct Section {
+  std::string name;
+  std::vector<Field> fields;
+
+  const Field* find(const std::string& key) const {
+    for (const auto& f : fields)
+      if (f.name == key) return &f;
+    return nullptr;
+  }
+};
+
+// Adds keys of one section without repeating the section's member pointer on every line.
+template <class S>
+struct SectionBuilder {
+  S Config::*member;
+  Section section;
+
+  template <class T>
+  SectionBuilder& add(const char* name, T S::*field, Allowed allowed, const char* help) {
+    static_assert(std::is_same_v<T, int64_t> || std::is_same_v<T, double> || std::is_same_v<T, bool> ||
+                  std::is_same_v<T, std::string>);
+    auto sec = member;
+    section.fields.push_back(
+        Field{section.name, name, std::move(allowed), help, [sec, field](Config& c) -> Ref { return &(c.*sec.*field); }});
+    return *this;
+  }
+};
+
+template <class S>
+SectionBuilder<S> section(const char* name, S Config::*member) {
+  return SectionBuilder<S>{member, Section{name, {}}};
+}
+
+std::vector<Section> build_schema() {
+  std::vector<Section> s;
+
+  s.push_back(section("run", &Config::run)
+                  .add("name", &RunConfig::name, non_empty(), "run name, shown in logs")
+                  .add("out_dir", &RunConfig::out_dir, non_empty(), "checkpoints, samples and logs go here")
+                  .add("seed", &RunConfig::seed, at_least(0), "seed for init, noise and data order")
+                  .add("device", &RunConfig::device, one_of({"auto", "cpu", "cuda"}),
+                       "auto = cuda when a GPU is present")
+                  .section);
+
+  s.push_back(section("model", &Config::model)
+                  .add("arch", &ModelConfig::arch, one_of({"dit"}), "model family")
+                  .add("size", &ModelConfig::size, one_of(size_names()), "preset for hidden/depth/heads")
+                  .add("hidden", &ModelConfig::hidden, at_least(0), "width; 0 = from size")
+                  .add("depth", &ModelConfig::depth, at_least(0), "transformer blocks; 0 = from size")
+                  .add("heads", &ModelConfig::heads, at_least(0), "attention heads; 0 = from size")
+                  .add("patch", &ModelConfig::patch, at_least(1), "patch side; must divide image_size")
+                  .add("image_size", &ModelConfig::image_size, at_least(1), "input side (pixels or latent cells)")
+                  .add("in_channels", &ModelConfig::in_channels, at_least(1), "input channels")
+                  .add("num_classes", &ModelConfig::num_classes, at_least(1), "class labels (plus one null class)")
+                  .add("class_dropout", &ModelConfig::class_dropout, range("[)", 0, 1),
+                       "probability a label is replaced by the null class")
+                  .add("learn_sigma", &ModelConfig::learn_sigma, any(), "output 2*C channels like the original DiT")
+                  .add("mlp_ratio", &ModelConfig::mlp_ratio, above(0), "MLP width / hidden")
+                  .section);
+
+  s.push_back(section("flow", &Config::flow)
+                  .add("timesteps", &FlowConfig::timesteps, one_of({"uniform", "logit_normal"}),
+                       "training timestep distribution")
+                  .add("logit_mean", &FlowConfig::logit_mean, any(), "logit_normal mean")
+                  .add("logit_std", &FlowConfig::logit_std, above(0), "logit_normal std")
+                  .add("shift", &FlowConfig::shift, above(0), "resolution shift alpha; 1 = none")
+                  .section);
+
+  s.push_back(section("data", &Config::data)
+                  .add("source", &DataConfig::source, one_of({"fashion_mnist", "synthetic"}), "dataset kind")
+                  .add("path", &DataConfig::path, any(), "dataset directory")
+                  .add("batch_size", &DataConfig::batch_size, at_least(1), "global batch (all ranks, all micro-batches)")
+                  .add("workers", &DataConfig::workers, at_least(0), "loader threads; 0 = load in the training thread")
+                  .add("prefetch", &DataConfig::prefetch, at_least(1), "queued batches")
+                  .section);
+
+  s.push_back(section("optim", &Config::optim)
+                  .add("lr", &OptimConfig::lr, range("(]", 0, 1), "peak learning rate")
+                  .add("beta1", &OptimConfig::beta1, range("[)", 0, 1), "AdamW beta1")
+                  .add("beta2", &OptimConfig::beta2, range("[)", 0, 1), "AdamW beta2")
+                  .add("eps", &OptimConfig::eps, above(0), "AdamW epsilon")
+                  .add("weight_decay", &OptimConfig::weight_decay, at_least(0), "decoupled weight decay")
+                  .add("warmup_steps", &OptimConfig::warmup_steps, at_least(0), "linear warmup steps")
+                  .add("schedule", &OptimConfig::schedule, one_of({"constant", "cosine"}), "lr schedule after warmup")
+                  .add("min_lr_ratio", &OptimConfig::min_lr_ratio, range("[]", 0, 1), "cosine decays to lr*min_lr_ratio")
+                  .add("grad_clip", &OptimConfig::grad_clip, at_least(0), "global-norm clip; 0 = off")
+                  .section);
+
+  s.push_back(section("train", &Config::train)
+                  .add("steps", &TrainConfig::steps, at_least(1), "optimizer steps")
+                  .add("grad_accum", &TrainConfig::grad_accum, at_least(1), "micro-batches per step")
+                  .add("precision", &TrainConfig::precision, one_of({"fp32", "bf16"}),
+                       "bf16 = autocast, fp32 master weights")
+                  .add("ema_decay", &TrainConfig::ema_decay, range("[)", 0, 1), "0 = no EMA")
+                  .add("ema_warmup", &TrainConfig::ema_warmup, any(), "decay min(ema_decay, (1+n)/(10+n)) at step n")
+                  .add("log_every", &TrainConfig::log_every, at_least(1), "steps between log lines")
+                  .add("threads", &TrainConfig::threads, at_least(0), "intra-op CPU threads; 0 = all cores")
+                  .add("tensorboard", &TrainConfig::tensorboard, any(), "also write TensorBoard events to tb/")
+                  .add("activation_checkpointing", &TrainConfig::activation_checkpointing, one_of({"none", "full"}),
+                       "full = recompute block activations in backward (less memory, ~1/3 more compute)")
+                  .add("activation_checkpointing_every", &TrainConfig::activation_checkpointing_every, at_least(1),
+                       "with full: checkpoint every k-th block (1 = all)")
+                  .add("tf32", &TrainConfig::tf32, any(),
+                       "CUDA: fp32 matmuls on TF32 tensor cores (10-bit mantissa products, fp32 accumulation)")
+                  .section);
+
+  s.push_back(section("sample", &Config::sample)
+                  .add("every", &SampleConfig::every, at_least(0), "steps between sample grids; 0 = off")
+                  .add("num", &SampleConfig::num, at_least(1), "images per grid")
+                  .add("steps", &SampleConfig::steps, at_least(1), "ODE solver steps")
+                  .add("sampler", &SampleConfig::sampler, one_of({"euler", "heun"}), "ODE solver")
+                  .add("cfg_scale", &SampleConfig::cfg_scale, at_least(0), "classifier-free guidance; 1 = none")
+                  .add("seed", &SampleConfig::seed, at_least(0), "sampling noise seed")
+                  .section);
+
+  s.push_back(section("checkpoint", &Config::checkpoint)
+                  .add("every", &CheckpointConfig::every, at_least(0), "steps between checkpoints; 0 = final only")
+                  .add("keep", &CheckpointConfig::keep, at_least(0), "newest checkpoints kept; 0 = all")
+                  .add("resume", &CheckpointConfig::resume, non_empty(), "auto | never | checkpoint directory")
+                  .section);
+
+  s.push_back(section("eval", &Config::eval)
+                  .add("every", &EvalConfig::every, at_least(0), "steps between quality evaluations; 0 = off")
+                  .add("num", &EvalConfig::num, at_least(2), "generated samples per evaluation")
+                  .add("steps", &EvalConfig::steps, at_least(1), "ODE solver steps")
+                  .add("sampler", &EvalConfig::sampler, one_of({"euler", "heun"}), "ODE solver")
+                  .add("cfg_scale", &EvalConfig::cfg_scale, at_least(0), "classifier-free guidance; 1 = none")
+                  .add("seed", &EvalConfig::seed, at_least(0), "sampling noise seed")
+                  .add("classifier_dir", &EvalConfig::classifier_dir, any(),
+                       "classifier cache; empty = $FLOWTRAIN_DEPS/classifiers")
+                  .section);
+
+  s.push_back(section("profile", &Config::profile)
+                  .add("enabled", &ProfileConfig::enabled, any(), "write a Kineto trace of a few steps")
+                  .add("start_step", &ProfileConfig::start_step, at_least(1), "first profiled step")
+                  .add("num_steps", &ProfileConfig::num_steps, at_least(1), "profiled steps")
+                  .add("record_shapes", &ProfileConfig::record_shapes, any(), "record operator input shapes")
+                  .add("memory", &ProfileConfig::memory, any(), "record allocations")
+                  .section);
+
+  s.push_back(section("parallel", &Config::parallel)
+                  .add("dp_replicate", &ParallelConfig::dp_replicate, at_least(1), "HSDP replicas (usually nodes)")
+                  .add("dp_shard", &ParallelConfig::dp_shard, at_least(-1),
+                       "ranks sharing one copy of the weights; -1 = the rest of the world")
+                  .add("cp", &ParallelConfig::cp, at_least(1), "context-parallel ranks (sequence split)")
+                  .add("cp_attention", &ParallelConfig::cp_attention, one_of({"auto", "ulysses", "ring"}),
+                       "with cp > 1: auto = ulysses when heads % cp == 0, else ring")
+                  .add("fsdp", &ParallelConfig::fsdp, one_of({"auto", "on"}),
+                       "auto = shard when world > 1; on = also at world 1")
+                  .add("reshard_after_forward", &ParallelConfig::reshard_after_forward, any(),
+                       "free gathered weights after forward, re-gather in backward")
+                  .add("prefetch", &ParallelConfig::prefetch, any(), "gather the next unit while one computes")
+                  .add("reduce_dtype", &ParallelConfig::reduce_dtype, one_of({"fp32", "bf16"}),
+                       "gradient reduce-scatter precision")
+                  .add("reduce_every_micro_batch", &ParallelConfig::reduce_every_micro_batch, any(),
+                       "with grad_accum > 1: reduce each micro-batch (less memory) or only the last")
+                  .add("backend", &ParallelConfig::backend, one_of({"auto", "nccl", "gloo"}),
+                       "auto = nccl on cuda, gloo on cpu")
+                  .add("timeout_s", &ParallelConfig::timeout_s, above(0),
+                       "rendezvous/collective timeout; a dead peer ends the job by then")
+                  .section);
+  return s;
+}
+
+const std::vector<Section>& schema() {
+  static const std::vector<Section> s = build_schema();
+  return s;
+}
+
+const Section* find_section(const std::string& name) {
+  for (const auto& s : schema())
+    if (s.name == name) return &s;
+  return nullptr;
+}
+
+std::vector<std::string> section_names() {
+  std::vector<std::string> names;
+  for (const auto& s : schema()) names.push_back(s.name);
+  return names;
+}
+
+// ---------------------------------------------------------------------------------------------
+// "Did you mean": optimal-string-alignment distance (Levenshtein plus adjacent swaps, since
+// "lr"/"rl" typos are common).
+
+size_t edit_distance(const std::string& a, const std::string& b) {
+  const size_t n = a.size(), m = b.size();
+  std::vector<std::vector<size_t>> d(n + 1, std::vector<size_t>(m + 1));
+  for (size_t i = 0; i <= n; ++i) d[i][0] = i;
+  for (size_t j = 0; j <= m; ++j) d[0][j] = j;
+  for (size_t i = 1; i <= n; ++i) {
+    for (size_t j = 1; j <= m; ++j) {
+      const size_t cost = a[i - 1] == b[j - 1] ? 0 : 1;
+      d[i][j] = std::min({d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + cost});
+      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1])
+        d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
+    }
+  }
+  return d[n][m];
+}
+
+// The closest candidate, or nothing when even the closest is so far off that suggesting it
+// would mislead.
+std::optional<std::string> nearest(const std::string& query, const std::vector<std::string>& candidates) {
+  std::optional<std::string> best;
+  size_t best_d = 0;
+  for (const auto& c : candidates) {
+    const size_t d = edit_distance(query, c);
+    if (!best || d < best_d) {
+      best = c;
+      best_d = d;
+    }
+  }
+  if (best && best_d <= std::max<size_t>(3, query.size() / 2)) return best;
+  return std::nullopt;
+}
+
+std::string unknown_key_message(const std::string& section, const std::string& key) {
+  if (!find_section(section)) {
+    // A whole section is wrong: suggest a section, or, when the key is also given (a --set),
+    // the closest full dotted key.
+    const std::string shown = key.empty() ? section : section + "." + key;
+    auto hint = key.empty() ? nearest(section, section_names()) : nearest(shown, all_keys());
+    std::string msg = "unknown key '" + shown + "'";
+    if (hint) return msg + " (did you mean '" + *hint + "'?)";
+    return msg + " (sections: " + join(section_names(), ", ") + ")";
+  }
+  const std::string dotted = section + "." + key;
+  std::string msg = "unknown key '" + dotted + "'";
+  // The key exists in another section: almost certainly a misplaced key, not a typo.
+  for (const auto& s : schema())
+    if (s.find(key)) return msg + " (did you mean '" + s.name + "." + key + "'?)";
+  if (auto hint = nearest(dotted, all_keys())) return msg + " (did you mean '" + *hint + "'?)";
+  std::vector<std::string> keys;
+  for (const auto& f : find_section(section)->fields) keys.push_back(f.name);
+  return msg + " (keys in '" + section + "': " + join(keys, ", ") + ")";
+}
+
+// ---------------------------------------------------------------------------------------------
+// Scalar conversion. Values are parsed from the scalar text ourselves rather than with
+// yaml-cpp's as<T>(), which accepts "1.5" for an int (truncating) and "yes"/"on" for bools.
+
+std::string node_kind(const YAML::Node& n) {
+  switch (n.Type()) {
+    case YAML::NodeType::Map: return "a map";
+    case YAML::NodeType::Sequence: return "a list";
+    case YAML::NodeType::Null: return "null";
+    default: return "'" + n.Scalar() + "'";
+  }
+}
+
+std::optional<int64_t> parse_int(std::string text) {
+  if (!text.empty() && text[0] == '+') text.erase(0, 1);
+  int64_t v = 0;
+  auto [ptr, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  if (ec != std::errc() || ptr != text.data() + text.size() || text.empty()) return std::nullopt;
+  return v;
+}
+
+std::optional<double> parse_real(std::string text) {
+  if (!text.empty() && text[0] == '+') text.erase(0, 1);
+  double v = 0;
+  auto [ptr, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  if (ec != std::errc() || ptr != text.data() + text.size() || text.empty() || !std::isfinite(v))
+    return std::nullopt;
+  return v;
+}
+
+// Where a value came from: "FILE:LINE" or "--set section.key=value".
+std::string at_mark(const std::string& origin, const YAML::Mark& mark) {
+  if (mark.line < 0) return origin;
+  return origin + ":" + std::to_string(mark.line + 1);
+}
+
+[[noreturn]] void fail(const std::string& where, const std::string& msg) {
+  throw ConfigError(where.empty() ? msg : where + ": " + msg);
+}
+
+// Converts one YAML value into the field, checking type and allowed values.
+void assign(const Field& f, const YAML::Node& value, Config& config, const std::string& where) {
+  const std::string key = "'" + f.dotted() + "'";
+  const std::string allowed = f.allowed.describe();
+  const bool scalar = value.IsScalar();
+  const std::string text = scalar ? value.Scalar() : "";
+
+  std::visit(
+      [&](auto* member) {
+        using T = std::remove_pointer_t<decltype(member)>;
+        if constexpr (std::is_same_v<T, int64_t>) {
+          auto v = scalar ? parse_int(text) : std::nullopt;
+          if (!v) fail(where, key + " must be an integer" + (allowed.empty() ? "" : " " + allowed) + ", got " + node_kind(value));
+          if (!f.allowed.admits(static_cast<double>(*v))) fail(where, key + " must be " + allowed + ", got " + text);
+          *member = *v;
+        } else if constexpr (std::is_same_v<T, double>) {
+          auto v = scalar ? parse_real(text) : std::nullopt;
+          if (!v) fail(where, key + " must be a number" + (allowed.empty() ? "" : " " + allowed) + ", got " + node_kind(value));
+          if (!f.allowed.admits(*v)) fail(where, key + " must be " + allowed + ", got " + text);
+          *member = *v;
+        } else if constexpr (std::is_same_v<T, bool>) {
+          if (scalar && text == "true") *member = true;
+          else if (scalar && text == "false") *member = false;
+          else fail(where, key + " must be true or false, got " + node_kind(value));
+        } else {
+          if (!scalar) fail(where, key + " must be " + (allowed.empty() ? "a string" : allowed) + ", got " + node_kind(value));
+          if (!f.allowed.admits(text)) fail(where, key + " must be " + allowed + ", got '" + text + "'");
+          *member = text;
+        }
+      },
+      f.at(config));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Tree handling.
+
+// Rejects duplicate keys, non-scalar keys and non-map sections before overrides are merged in:
+// yaml-cpp keeps both copies of a duplicated key, and operator[] would silently pick one.
+void check_structure(const YAML::Node& root, const std::string& origin) {
+  if (root.IsNull()) return;
+  if (!root.IsMap())
+    fail(at_mark(origin, root.Mark()),
+         "the top level must be a map of sections (" + join(section_names(), ", ") + "), got " +
+             node_kind(root));
+
+  std::map<std::string, int> seen_sections;
+  for (auto it = root.begin(); it != root.end(); ++it) {
+    const YAML::Node k = it->first;  // copies: binding a reference to it->first dangles
+    const YAML::Node v = it->second;
+    if (!k.IsScalar()) fail(at_mark(origin, k.Mark()), "section names must be plain strings");
+    const std::string name = k.Scalar();
+    if (!find_section(name)) fail(at_mark(origin, k.Mark()), unknown_key_message(name, ""));
+    if (seen_sections.count(name))
+      fail(at_mark(origin, k.Mark()), "duplicate section '" + name + "' (first at line " +
+                                          std::to_string(seen_sections[name]) + ")");
+    seen_sections[name] = k.Mark().line + 1;
+    if (v.IsNull()) continue;  // "optim:" with nothing under it: all defaults
+    if (!v.IsMap()) fail(at_mark(origin, v.Mark()), "'" + name + "' must be a map of keys, got " + node_kind(v));
+
+    std::map<std::string, int> seen_keys;
+    for (auto kv = v.begin(); kv != v.end(); ++kv) {
+      const YAML::Node kk = kv->first;
+      if (!kk.IsScalar()) fail(at_mark(origin, kk.Mark()), "keys in '" + name + "' must be plain strings");
+      const std::string key = kk.Scalar();
+      if (seen_keys.count(key))
+        fail(at_mark(origin, kk.Mark()), "duplicate key '" + name + "." + key + "' (first at line " +
+                                             std::to_string(seen_keys[key]) + ")");
+      seen_keys[key] = kk.Mark().line + 1;
+    }
+  }
+}
+
+// Merges "section.key=value" into the tree; records the override text per dotted key so that
+// later errors about the value name the --set rather than a file line.
+void apply_override(YAML::Node& root, const std::string& text, std::map<std::string, std::string>& origins) {
+  const std::string where = "--set " + text;
+  const auto eq = text.find('=');
+  if (eq == std::string::npos) fail(where, "malformed override, expected section.key=value");
+  const std::string dotted = text.substr(0, eq);
+  const std::string raw = text.substr(eq + 1);
+  const auto dot = dotted.find('.');
+  if (dot == std::string::npos || dot == 0 || dot + 1 == dotted.size())
+    fail(where, "malformed override, expected section.key=value");
+  const std::string sec = dotted.substr(0, dot);
+  const std::string key = dotted.substr(dot + 1);
+
+  const Section* s = find_section(sec);
+  if (!s || !s->find(key)) fail(where, unknown_key_message(sec, key));
+
+  YAML::Node value;
+  try {
+    // Parsed as YAML so that quoting works as in a file ('a b', "x"); an empty value is an
+    // empty string rather than null.
+    value = raw.empty() ? YAML::Node(std::string()) : YAML::Load(raw);
+  } catch (const YAML::Exception& e) {
+    fail(where, "cannot parse the value: " + e.msg);
+  }
+  if (!root.IsMap()) root = YAML::Node(YAML::NodeType::Map);
+  YAML::Node section_node = root[sec];
+  section_node[key] = value;
+  origins[dotted] = where;
+}
+
+void convert(const YAML::Node& root, const std::string& origin,
+             const std::map<std::string, std::string>& override_origins, Config& config) {
+  if (!root.IsMap()) return;
+  for (auto it = root.begin(); it != root.end(); ++it) {
+    const Section* s = find_section(it->first.Scalar());
+    const YAML::Node body = it->second;
+    if (!body.IsMap()) continue;  // null section: defaults (check_structure rejected the rest)
+    for (auto kv = body.begin(); kv != body.end(); ++kv) {
+      const std::string key = kv->first.Scalar();
+      const std::string dotted = s->name + "." + key;
+      auto ov = override_origins.find(dotted);
+      const std::string where = ov != override_origins.end() ? ov->second : at_mark(origin, kv->first.Mark());
+      const Field* f = s->find(key);
+      if (!f) fail(where, unknown_key_message(s->name, key));
+      assign(*f, kv->second, config, where);
+    }
+  }
+}
+
+// Strings that a YAML reader would not read back as the same plain string.
+bool needs_quotes(const std::string& s) {
+  static const std::set<std::string> special = {"", "~", "null", "Null", "NULL", "true", "True", "TRUE",
+                                                "false", "False", "FALSE", "yes", "no", "on", "off"};
+  return special.count(s) || parse_real(s).has_value();
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+
+int64_t ModelConfig::resolved_hidden() const { return hidden > 0 ? hidden : size_preset(size).hidden; }
+int64_t ModelConfig::resolved_depth() const { return depth > 0 ? depth : size_preset(size).depth; }
+int64_t ModelConfig::resolved_heads() const { return heads > 0 ? heads : size_preset(size).heads; }
+
+void Config::validate() const {
+  // Per-key checks first: a Config built in code never went through the parser.
+  for (const auto& s : schema()) {
+    for (const auto& f : s.fields) {
+      const std::string key = "'" + f.dotted() + "'";
+      std::visit(
+          [&](auto* member) {
+            using T = std::remove_cv_t<std::remove_pointer_t<decltype(member)>>;
+            if constexpr (std::is_same_v<T, int64_t>) {
+              if (!f.allowed.admits(static_cast<double>(*member)))
+                throw ConfigError(key + " must be " + f.allowed.describe() + ", got " + format_int(*member));
+            } else if constexpr (std::is_same_v<T, double>) {
+              if (!std::isfinite(*member) || !f.allowed.admits(*member))
+                throw ConfigError(key + " must be " + f.allowed.describe() + ", got " + format_double(*member));
+            } else if constexpr (std::is_same_v<T, std::string>) {
+              if (!f.allowed.admits(*member))
+                throw ConfigError(key + " must be " + f.allowed.describe() + ", got '" + *member + "'");
+            }
+          },
+          f.at_const(*this));
+    }
+  }
+
+  const int64_t hidden = model.resolved_hidden();
+  const int64_t heads = model.resolved_heads();
+  auto hidden_text = "'model.hidden' (" + std::to_string(hidden) + (model.hidden > 0 ? "" : ", from model.size") + ")";
+  if (hidden % heads != 0)
+    throw ConfigError(hidden_text + " must be divisible by 'model.heads' (" + std::to_string(heads) +
+                      (model.heads > 0 ? "" : ", from model.size") + ")");
+  if (hidden % 4 != 0)
+    throw ConfigError(hidden_text + " must be divisible by 4 (the 2-D sin-cos position table splits it in four)");
+  if (model.image_size % model.patch != 0)
+    throw ConfigError("'model.image_size' (" + std::to_string(model.image_size) + ") must be divisible by 'model.patch' (" +
+                      std::to_string(model.patch) + ")");
+  if (data.batch_size % train.grad_accum != 0)
+    throw ConfigError("'data.batch_size' (" + std::to_string(data.batch_size) +
+                      ") must be divisible by 'train.grad_accum' (" + std::to_string(train.grad_accum) + ")");
+  if (parallel.dp_shard == 0)
+    throw ConfigError("'parallel.dp_shard' must be >= 1 or -1 (the rest of the world), got 0");
+  // sample.num >= 1 whenever sample.every > 0 already holds: sample.num's own range is >= 1.
+  // checkpoint.resume: "auto", "never" or a path; only emptiness can be wrong here (the path
+  // is checked when resuming).
+}
+
+std::vector<std::string> all_keys() {
+  std::vector<std::string> keys;
+  for (const auto& s : schema())
+    for (const auto& f : s.fields) keys.push_back(f.dotted());
+  return keys;
+}
+
+std::vector<std::string> diff_keys(const Config& a, const Config& b) {
+  std::vector<std::string> keys;
+  for (const auto& s : schema()) {
+    for (const auto& f : s.fields) {
+      const bool same = std::visit(
+          [&](auto* pa) {
+            using P = decltype(pa);
+            return *pa == *std::get<P>(f.at_const(b));
+          },
+          f.at_const(a));
+      if (!same) keys.push_back(f.dotted());
+    }
+  }
+  return keys;
+}
+
+Config parse_config(const std::string& yaml_text, const std::string& origin, const std::vector<std::string>& overrides) {
+  YAML::Node root;
+  try {
+    root = YAML::Load(yaml_text);
+  } catch (const YAML::ParserException& e) {
+    throw ConfigError(origin + ":" + std::to_string(e.mark.line + 1) + ":" + std::to_string(e.mark.column + 1) +
+                      ": YAML syntax error: " + e.msg);
+  } catch (const YAML::Exception& e) {
+    throw ConfigError(origin + ": YAML error: " + e.msg);
+  }
+
+  check_structure(root, origin);
+  std::map<std::string, std::string> override_origins;
+  for (const auto& o : overrides) apply_override(root, o, override_origins);
+
+  Config config;
+  config.source_path = origin;
+  convert(root, origin, override_origins, config);
+  try {
+    config.validate();
+  } catch (const ConfigError& e) {
+    // Cross-field problems have no single line; name the file they are in.
+    throw ConfigError(origin.empty() ? e.what() : origin + ": " + e.what());
+  }
+  return config;
+}
+
+Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) throw ConfigError("config file not found: '" + path + "'");
+  if (std::filesystem::is_directory(path, ec))
+    throw ConfigError("config path is a directory, not a YAML file: '" + path + "'");
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream text;
+  if (in) text << in.rdbuf();
+  if (!in || in.bad()) throw ConfigError("cannot read config file '" + path + "'");
+  return parse_config(text.str(), path, overrides);
+}
+
+std::string to_yaml(const Config& config) {
+  YAML::Emitter out;
+  out << YAML::Comment("flowtrain config, every key resolved (defaults filled in)");
+  out << YAML::BeginMap;
+  for (const auto& s : schema()) {
+    out << YAML::Key << s.name << YAML::Value << YAML::BeginMap;
+    for (const auto& f : s.fields) {
+      out << YAML::Key << f.name << YAML::Value;
+      std::string help = f.help;
+      std::visit(
+          [&](auto* member) {
+            using T = std::remove_cv_t<std::remove_pointer_t<decltype(member)>>;
+            if constexpr (std::is_same_v<T, int64_t>) {
+              out << format_int(*member);
+            } else if constexpr (std::is_same_v<T, double>) {
+              out << format_double(*member);
+            } else if constexpr (std::is_same_v<T, bool>) {
+              out << (*member ? "true" : "false");
+            } else {
+              if (needs_quotes(*member)) out << YAML::DoubleQuoted;
+              out << *member;
+            }
+          },
+          f.at_const(config));
+      // hidden/depth/heads stay 0 so the file round-trips field for field; the comment
+      // says what they resolve to.
+      if (s.name == "model" && (f.name == "hidden" || f.name == "depth" || f.name == "heads")) {
+        try {
+          const int64_t v = f.name == "hidden" ? config.model.resolved_hidden()
+                            : f.name == "depth" ? config.model.resolved_depth()
+                                                : config.model.resolved_heads();
+          help += " (resolves to " + std::to_string(v) + ")";
+        } catch (const ConfigError&) {
+          // An unknown size has no resolution; the value itself is still written.
+        }
+      }
+      out << YAML::Comment(help);
+    }
+    out << YAML::EndMap;
+  }
+  out << YAML::EndMap;
+  return std::string(out.c_str()) + "\n";
+}
+
+}  // namespace flowtrain::trainer

@@ -1,0 +1,226 @@
+#include "trainer/eval/evaluate.h"
+
+#include "data/fashion_mnist.h"
+#include "models/autocast_region.h"
+#include "models/classifier.h"
+#include "models/flow_matching.h"
+#include "trainer/builders.h"
+#include "trainer/checkpoint/checkpoint.h"
+#include "trainer/eval/classifier_cache.h"
+#include "trainer/checkpoint/file_util.h"
+#include "trainer/eval/quality.h"
+#include "trainer/eval/sample_grid.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+namespace flowtrain::trainer {
+
+namespace {
+
+constexpr int64_t kClasses = models::FashionClassifierImpl::kNumClasses;
+constexpr int64_t kMaxBatch = 250;  // samples integrated at once: bounds memory on small GPUs / CPU
+// Fixed shuffles for the real subsets, independent of eval.seed so every evaluation of every run
+// compares against the same real images.
+constexpr uint64_t kTrainSubsetSeed = 1000, kTestSubsetSeed = 1001;
+
+// The real side of the metrics at one N: computed once per process.
+struct RealReference {
+  FeatureStats train;  // statistics of N class-matched training images
+  double fd_floor = 0.0;
+};
+
+// What every evaluation in a process shares: the data, the classifier, the real references.
+struct EvalContext {
+  data::ImageDataset train, test;
+  TrainedClassifier classifier;
+  std::map<int64_t, RealReference> references;  // by N
+};
+
+// Indices of n images whose labels follow i % kClasses: the k-th of class c is the k-th image of
+// class c in a shuffle seeded by `seed`.
+at::Tensor class_matched_subset(const data::ImageDataset& dataset, int64_t n, uint64_t seed, const std::string& split) {
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+  at::Tensor order = at::randperm(dataset.size(), gen, at::TensorOptions().dtype(at::kLong));
+  at::Tensor labels = dataset.labels.to(at::kLong).index_select(0, order).contiguous();
+  std::vector<std::vector<int64_t>> by_class(kClasses);
+  const int64_t* o = order.data_ptr<int64_t>();
+  const int64_t* l = labels.data_ptr<int64_t>();
+  for (int64_t i = 0; i < dataset.size(); ++i)
+    if (l[i] >= 0 && l[i] < kClasses) by_class[l[i]].push_back(o[i]);
+  std::vector<int64_t> chosen(n);
+  std::vector<size_t> used(kClasses, 0);
+  for (int64_t i = 0; i < n; ++i) {
+    const auto& pool = by_class[i % kClasses];
+    if (used[i % kClasses] >= pool.size())
+      throw ConfigError(fmt::format("'eval.num' is {} but the Fashion-MNIST {} split has only {} images of class {}",
+                                    n, split, pool.size(), i % kClasses));
+    chosen[i] = pool[used[i % kClasses]++];
+  }
+  return at::tensor(chosen, at::TensorOptions().dtype(at::kLong));
+}
+
+}  // namespace
+
+void check_eval_config(const Config& c, const models::DiTOptions& o) {
+  const std::string where = c.source_path.empty() ? std::string("config") : c.source_path;
+  auto fail = [&](const std::string& what) { throw ConfigError(where + ": " + what); };
+  if (c.data.source != "fashion_mnist")
+    fail(fmt::format("'data.source' is '{}'; the quality metrics need fashion_mnist (their classifier's data set)",
+                     c.data.source));
+  if (o.in_channels != 1) fail(fmt::format("'model.in_channels' is {}; the quality metrics score 1-channel images", o.in_channels));
+  if (o.input_size < models::FashionClassifierImpl::kImageSide)
+    fail(fmt::format("'model.image_size' is {}; the quality metrics need >= 28", o.input_size));
+  if (o.num_classes < kClasses)
+    fail(fmt::format("'model.num_classes' is {}; the quality metrics sample all {} Fashion-MNIST classes",
+                     o.num_classes, kClasses));
+  if (c.eval.num < 2) fail(fmt::format("'eval.num' must be >= 2, got {}", c.eval.num));
+}
+
+namespace {
+
+// The process-wide context for (classifier cache, data directory, device), created on first use.
+// Evaluations are serialised by the mutex (they share the classifier module).
+std::mutex g_context_mutex;
+
+EvalContext& eval_context(const Config& c, const c10::Device& device) {
+  static std::map<std::string, std::unique_ptr<EvalContext>> contexts;
+  const std::string key = fmt::format("{}|{}|{}", c.eval.classifier_dir.empty() ? default_classifier_dir()
+                                                                                  : c.eval.classifier_dir,
+                                      c.data.path, device.str());
+  auto& slot = contexts[key];
+  if (!slot) {
+    auto context = std::make_unique<EvalContext>();
+    context->train = data::load_fashion_mnist(c.data.path, "train");
+    context->test = data::load_fashion_mnist(c.data.path, "test");
+    context->classifier = load_or_train_classifier(c.eval.classifier_dir, context->train, context->test, device);
+    slot = std::move(context);
+  }
+  return *slot;
+}
+
+const RealReference& real_reference(EvalContext& context, int64_t n) {
+  auto it = context.references.find(n);
+  if (it != context.references.end()) return it->second;
+  const auto start = std::chrono::steady_clock::now();
+  at::Tensor train_index = class_matched_subset(context.train, n, kTrainSubsetSeed, "train");
+  at::Tensor test_index = class_matched_subset(context.test, n, kTestSubsetSeed, "test");
+  auto& model = context.classifier.model;
+  RealReference ref;
+  ref.train = feature_stats(models::classify_images(model, context.train.images.index_select(0, train_index)).features);
+  const FeatureStats test = feature_stats(models::classify_images(model, context.test.images.index_select(0, test_index)).features);
+  ref.fd_floor = frechet_distance(test, ref.train);
+  spdlog::info("eval: real reference at N = {}: FD floor (test vs train) {:.4f} ({:.1f} s)", n, ref.fd_floor,
+               std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  return context.references.emplace(n, std::move(ref)).first->second;
+}
+
+}  // namespace
+
+std::string QualityReport::to_json() const {
+  nlohmann::ordered_json j;
+  j["fd"] = fd;
+  j["fd_floor"] = fd_floor;
+  j["class_accuracy"] = class_accuracy;
+  j["inception_score"] = inception_score;
+  j["classifier_test_accuracy"] = classifier_test_accuracy;
+  j["num"] = num;
+  return j.dump();
+}
+
+at::Tensor generate_eval_samples(const models::VelocityFn& velocity, const models::DiTOptions& o, const Config& c,
+                                 const c10::Device& device, int64_t first, int64_t count) {
+  const int64_t n = c.eval.num;
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(static_cast<uint64_t>(c.eval.seed));
+  at::Tensor noise = padded_rows(at::randn({n, o.in_channels, o.input_size, o.input_size}, gen), first, count);
+  at::Tensor labels = padded_rows(at::arange(n, at::TensorOptions().dtype(at::kLong)) % kClasses, first, count);
+  models::SamplerOptions so;
+  so.kind = models::parse_sampler(c.eval.sampler);
+  so.steps = c.eval.steps;
+  so.cfg_scale = c.eval.cfg_scale;
+  so.shift = c.flow.shift;
+  so.null_class = o.num_classes;
+  const int64_t rows = noise.size(0);
+  std::vector<at::Tensor> out;
+  for (int64_t begin = 0; begin < rows; begin += kMaxBatch) {
+    const int64_t end = std::min(begin + kMaxBatch, rows);
+    at::Tensor x = models::sample(velocity, noise.slice(0, begin, end).to(device), labels.slice(0, begin, end).to(device), so);
+    // [−1, 1] -> 0…255, rounded as an 8-bit image file would be
+    out.push_back(x.clamp(-1.0, 1.0).add(1.0).mul(127.5).round().to(at::kCPU, at::kByte));
+    if (end < rows) spdlog::info("eval: {}/{} samples", end, rows);  // minutes on a CPU: show progress
+  }
+  return at::cat(out);
+}
+
+QualityReport evaluate_model(models::DiT& model, const Config& config, const c10::Device& device) {
+  check_eval_config(config, model->options);
+  const bool was_training = model->is_training();
+  model->eval();
+  at::Tensor samples;
+  {
+    at::NoGradGuard no_grad;
+    // In the training precision, as during training (TrainState::with_sampling_model).
+    models::AutocastRegion autocast(config.train.precision == "bf16", device.type());
+    models::VelocityFn velocity = [&](const at::Tensor& x, const at::Tensor& t, const at::Tensor& y) {
+      return model->forward(x, t, y);
+    };
+    spdlog::info("eval: generating {} samples ({} {} steps, cfg {}, seed {})", config.eval.num, config.eval.sampler,
+                 config.eval.steps, config.eval.cfg_scale, config.eval.seed);
+    samples = generate_eval_samples(velocity, model->options, config, device);
+  }
+  model->train(was_training);
+  return score_eval_samples(samples, model->options, config, device);
+}
+
+QualityReport score_eval_samples(const at::Tensor& samples, const models::DiTOptions& options, const Config& config,
+                                 const c10::Device& device) {
+  check_eval_config(config, options);
+  std::lock_guard<std::mutex> lock(g_context_mutex);
+  EvalContext& context = eval_context(config, device);
+  const int64_t n = config.eval.num;
+  TORCH_CHECK(samples.size(0) == n, "score_eval_samples: ", samples.size(0), " samples for eval.num ", n);
+  const RealReference& reference = real_reference(context, n);
+
+  const auto start = std::chrono::steady_clock::now();
+  at::Tensor labels = at::arange(n, at::TensorOptions().dtype(at::kLong)) % kClasses;
+  models::ClassifierOutputs scored = models::classify_images(context.classifier.model, samples);
+
+  QualityReport report;
+  report.fd = frechet_distance(feature_stats(scored.features), reference.train);
+  report.fd_floor = reference.fd_floor;
+  report.class_accuracy = class_accuracy(scored.logits, labels);
+  report.inception_score = inception_score(at::softmax(scored.logits.to(at::kDouble), 1));
+  report.classifier_test_accuracy = context.classifier.test_accuracy;
+  report.num = n;
+  spdlog::info("eval: fd {:.4f} (floor {:.4f}), class accuracy {:.4f}, inception score {:.3f} ({:.0f} s)", report.fd,
+               report.fd_floor, report.class_accuracy, report.inception_score,
+               std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  return report;
+}
+
+QualityReport evaluate_checkpoint(const Config& config, const std::string& checkpoint_dir, int64_t num_override) {
+  Config c = config;
+  if (num_override > 0) c.eval.num = num_override;
+  const c10::Device device = select_device(c.run);
+  CheckpointContents checkpoint = load_checkpoint(checkpoint_dir);
+  models::DiT model = build_model(c.model);
+  const bool use_ema = !checkpoint.ema.empty();
+  const std::string source = (std::filesystem::path(checkpoint_dir) / (use_ema ? "ema.safetensors" : "model.safetensors")).string();
+  load_state_dict(*model, use_ema ? checkpoint.ema : checkpoint.model, source);
+  model->to(device);
+  spdlog::info("eval: {} weights of {} (step {})", use_ema ? "EMA" : "raw", checkpoint_dir, checkpoint.progress.step);
+  QualityReport report = evaluate_model(model, c, device);
+  write_file_atomic((std::filesystem::path(checkpoint_dir) / "eval.json").string(), report.to_json() + "\n");
+  return report;
+}
+
+}  // namespace flowtrain::trainer

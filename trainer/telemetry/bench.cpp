@@ -1,0 +1,260 @@
+#include "trainer/telemetry/bench.h"
+
+#include "data/loader.h"
+#include "data/safetensors.h"
+#include "models/flow_matching.h"
+#include "trainer/builders.h"
+#include "trainer/telemetry/memory_stats.h"
+#include "trainer/trainer.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+
+namespace fs = std::filesystem;
+
+namespace flowtrain::trainer {
+
+namespace {
+
+double quantile(std::vector<double> v, double q) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const double pos = q * double(v.size() - 1);
+  const size_t lo = static_cast<size_t>(pos), hi = std::min(lo + 1, v.size() - 1);
+  return v[lo] + (pos - double(lo)) * (v[hi] - v[lo]);
+}
+
+void synchronize(const c10::Device& device) {
+  if (device.is_cuda()) at::ones({1}, at::TensorOptions().device(device)).cpu();  // a blocking copy
+}
+
+}  // namespace
+
+double measure_matmul_tflops(const c10::Device& device, at::ScalarType dtype) {
+  const int64_t n = device.is_cuda() ? 8192 : 2048;
+  auto opts = at::TensorOptions().device(device).dtype(dtype);
+  at::Tensor a = at::randn({n, n}, opts), b = at::randn({n, n}, opts);
+  for (int i = 0; i < 2; ++i) at::mm(a, b);  // warm up
+  synchronize(device);
+  int64_t reps = 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  double elapsed = 0;
+  while (elapsed < 1.0 || reps < 3) {
+    at::mm(a, b);
+    ++reps;
+    synchronize(device);
+    elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+  return 2.0 * double(n) * n * n * reps / elapsed / 1e12;
+}
+
+BenchReport run_benchmark(Config config, const BenchOptions& o) {
+  if (o.synthetic) config.data.source = "synthetic";
+  // A throw-away run directory: a benchmark must never touch a real run's checkpoints.
+  const fs::path dir = fs::temp_directory_path() / fmt::format("flowtrain-bench-{}", ::getpid());
+  fs::remove_all(dir);
+  config.run.out_dir = dir.string();
+  config.train.steps = o.warmup + o.steps;
+  config.train.log_every = std::max<int64_t>(1, config.train.steps);
+  config.train.tensorboard = false;
+  config.sample.every = 0;
+  config.eval.every = 0;
+  config.checkpoint.every = 0;
+  config.checkpoint.resume = "never";
+  config.validate();
+
+  std::vector<double> step_times, data_waits;
+  BenchReport r;
+  TrainerHooks hooks;
+  hooks.final_checkpoint = false;
+  hooks.on_step = [&](const StepStats& s) {
+    if (s.step == 1) r.first_loss = s.loss;
+    if (s.step > o.warmup) {
+      step_times.push_back(s.step_time_s);
+      data_waits.push_back(s.data_wait_s);
+    }
+  };
+  Trainer trainer(config, hooks);
+  const c10::Device device = trainer.device();
+  const auto dit = dit_options(config.model);
+  trainer.run();
+
+  r.device = device.str();
+  r.precision = config.train.precision;
+  r.threads = at::get_num_threads();
+  r.rank = trainer.rank();
+  r.world = trainer.world();
+  r.batch = config.data.batch_size;
+  r.tokens_per_sample = dit.num_tokens();
+  r.steps = o.steps;
+  r.warmup = o.warmup;
+  r.params_m = models::count_parameters(*trainer.model()) / 1e6;
+  r.train_gflop_per_sample = models::dit_train_flops_per_sample(dit) / 1e9;
+  r.step_time_median_s = quantile(step_times, 0.5);
+  r.step_time_p10_s = quantile(step_times, 0.1);
+  r.step_time_p90_s = quantile(step_times, 0.9);
+  r.step_time_min_s = quantile(step_times, 0.0);
+  r.step_time_max_s = quantile(step_times, 1.0);
+  r.data_wait_median_s = quantile(data_waits, 0.5);
+  r.samples_per_s = double(r.batch) / r.step_time_median_s;
+  r.tokens_per_s = r.samples_per_s * double(r.tokens_per_sample);
+  r.achieved_tflops = r.samples_per_s * r.train_gflop_per_sample / 1e3;
+  const MemoryPeaks peaks = memory_peaks(device);
+  r.peak_rss_bytes = peaks.rss_bytes;
+  r.peak_allocated_bytes = peaks.allocated_bytes;
+  r.allocated_kind = peaks.allocated_kind;
+  r.peak_memory_bytes = device.is_cuda() ? peaks.allocated_bytes : peaks.rss_bytes;
+  r.memory_kind = device.is_cuda() ? "cuda peak allocated" : "cpu peak RSS";
+  if (r.world > 1) {
+    r.peak_memory_bytes_per_rank = trainer.gather_from_ranks(r.peak_memory_bytes);
+    r.peak_allocated_bytes_per_rank = trainer.gather_from_ranks(r.peak_allocated_bytes);
+  }
+  if (o.peak_tflops > 0) {
+    r.peak_tflops = o.peak_tflops * double(r.world);  // given per rank (per GPU)
+    r.peak_source = r.world > 1 ? fmt::format("given × {} ranks", r.world) : "given";
+  } else {
+    const at::ScalarType dtype = config.train.precision == "bf16" ? at::kBFloat16 : at::kFloat;
+    // Every rank measures its own share (ranks sharing a machine measure at the same time, so
+    // each gets its share of the cores); the job's peak is the sum, taken as world × this one.
+    r.peak_tflops = measure_matmul_tflops(device, dtype) * double(r.world);
+    r.peak_source = fmt::format("measured {} matmul{}", dtype == at::kBFloat16 ? "bf16" : "fp32",
+                                r.world > 1 ? fmt::format(" × {} ranks", r.world) : "");
+  }
+  r.mfu = r.achieved_tflops / r.peak_tflops;
+  fs::remove_all(dir);
+  return r;
+}
+
+std::string BenchReport::to_json() const {
+  nlohmann::json j = {{"device", device},
+                      {"precision", precision},
+                      {"threads", threads},
+                      {"batch", batch},
+                      {"tokens_per_sample", tokens_per_sample},
+                      {"steps", steps},
+                      {"warmup", warmup},
+                      {"params_m", params_m},
+                      {"train_gflop_per_sample", train_gflop_per_sample},
+                      {"step_time_median_s", step_time_median_s},
+                      {"step_time_p10_s", step_time_p10_s},
+                      {"step_time_p90_s", step_time_p90_s},
+                      {"step_time_min_s", step_time_min_s},
+                      {"step_time_max_s", step_time_max_s},
+                      {"data_wait_median_s", data_wait_median_s},
+                      {"samples_per_s", samples_per_s},
+                      {"tokens_per_s", tokens_per_s},
+                      {"achieved_tflops", achieved_tflops},
+                      {"peak_tflops", peak_tflops},
+                      {"peak_source", peak_source},
+                      {"mfu", mfu},
+                      {"rank", rank},
+                      {"world", world},
+                      {"peak_memory_bytes", peak_memory_bytes},
+                      {"memory_kind", memory_kind},
+                      {"peak_rss_bytes", peak_rss_bytes},
+                      {"peak_allocated_bytes", peak_allocated_bytes},
+                      {"allocated_kind", allocated_kind},
+                      {"first_loss", first_loss}};
+  if (!peak_memory_bytes_per_rank.empty()) {
+    j["peak_memory_bytes_per_rank"] = peak_memory_bytes_per_rank;
+    j["peak_allocated_bytes_per_rank"] = peak_allocated_bytes_per_rank;
+  }
+  return j.dump(2);
+}
+
+std::string BenchReport::to_table() const {
+  std::string per_rank;
+  if (!peak_memory_bytes_per_rank.empty()) {
+    per_rank = "\npeak per rank, MiB (" + memory_kind + " / " + allocated_kind + "):";
+    for (size_t i = 0; i < peak_memory_bytes_per_rank.size(); ++i)
+      per_rank += fmt::format(" rank {} {:.1f} / {:.1f}", i, peak_memory_bytes_per_rank[i] / 1048576.0,
+                              peak_allocated_bytes_per_rank[i] / 1048576.0);
+  }
+  return per_rank.empty() ? table_lines() : table_lines() + per_rank;
+}
+
+std::string BenchReport::table_lines() const {
+  return fmt::format(
+      "device {} ({}, {} threads) | batch {} × {} tokens | {:.2f}M params, {:.3f} GFLOP/sample\n"
+      "step time median {:.4f} s (p10 {:.4f}, p90 {:.4f}, min {:.4f}, max {:.4f}) over {} steps after {} warm-up\n"
+      "{:.1f} samples/s | {:.0f} tokens/s | {:.3f} TFLOP/s achieved | peak {:.3f} TFLOP/s ({}) | MFU {:.1f}%\n"
+      "{} {:.1f} MiB{} | {} peak {:.1f} MiB | data wait median {:.4f} s | first-step loss {:.6f}",
+      device, precision, threads, batch, tokens_per_sample, params_m, train_gflop_per_sample, step_time_median_s,
+      step_time_p10_s, step_time_p90_s, step_time_min_s, step_time_max_s, steps, warmup, samples_per_s, tokens_per_s,
+      achieved_tflops, peak_tflops, peak_source, 100 * mfu, memory_kind, peak_memory_bytes / 1048576.0,
+      world > 1 ? fmt::format(" (rank {} of {})", rank, world) : "", allocated_kind, peak_allocated_bytes / 1048576.0,
+      data_wait_median_s, first_loss);
+}
+
+double write_parity_dump(const Config& c, const std::string& path) {
+  // Exactly the trainer's first micro-batch: same initialisation seed, same first batch of the
+  // loader, same per-step generator (trainer.cpp: Trainer::train_step).
+  at::manual_seed(static_cast<uint64_t>(c.run.seed));
+  models::DiT model = build_model(c.model);
+  auto dataset = build_dataset(c);
+  data::LoaderOptions lo = loader_options(c);
+  lo.workers = 0;  // the stream does not depend on the worker count
+  data::Loader loader(dataset, lo);
+  data::Batch batch = loader.next();
+  const int64_t micro = batch.images.size(0) / c.train.grad_accum;
+  at::Tensor x0 = batch.images.narrow(0, 0, micro), labels = batch.labels.narrow(0, 0, micro);
+  const models::TimestepSampler ts = timestep_sampler(c.flow);
+  models::FlowMatchingDraw draw = draw_step_inputs(c, ts, x0, labels, /*step=*/0, /*first_row=*/0);
+  models::VelocityFn velocity = [&](const at::Tensor& x, const at::Tensor& t, const at::Tensor& y) {
+    return model->forward(x, t, y);
+  };
+  at::Tensor loss;
+  {
+    at::NoGradGuard no_grad;
+    loss = models::flow_matching_loss(velocity, x0, draw).loss;
+  }
+  data::NamedTensors out;
+  for (const auto& p : model->named_parameters()) out.emplace_back("model." + p.key(), p.value().detach());
+  out.emplace_back("x0", x0);
+  out.emplace_back("labels", draw.labels);
+  out.emplace_back("t", draw.t);
+  out.emplace_back("noise", draw.noise);
+  out.emplace_back("loss", loss);
+  const auto o = dit_options(c.model);
+  data::write_safetensors(path, out,
+                          {{"hidden", std::to_string(o.hidden)},
+                           {"depth", std::to_string(o.depth)},
+                           {"heads", std::to_string(o.heads)},
+                           {"patch", std::to_string(o.patch)},
+                           {"input_size", std::to_string(o.input_size)},
+                           {"in_channels", std::to_string(o.in_channels)},
+                           {"num_classes", std::to_string(o.num_classes)},
+                           {"learn_sigma", o.learn_sigma ? "true" : "false"},
+                           {"mlp_ratio", fmt::format("{}", o.mlp_ratio)},
+                           {"timestep_scale", fmt::format("{}", o.timestep_scale)},
+                           {"batch_size", std::to_string(c.data.batch_size)},
+                           {"grad_accum", std::to_string(c.train.grad_accum)},
+                           {"lr", fmt::format("{}", c.optim.lr)},
+                           {"threads", std::to_string(at::get_num_threads())},
+                           // What the step does, so the peer does the same work or refuses.
+                           {"precision", c.train.precision},
+                           {"grad_clip", fmt::format("{}", c.optim.grad_clip)},
+                           {"ema_decay", fmt::format("{}", c.train.ema_decay)},
+                           {"ema_warmup", c.train.ema_warmup ? "true" : "false"},
+                           {"beta1", fmt::format("{}", c.optim.beta1)},
+                           {"beta2", fmt::format("{}", c.optim.beta2)},
+                           {"eps", fmt::format("{}", c.optim.eps)},
+                           {"weight_decay", fmt::format("{}", c.optim.weight_decay)},
+                           {"class_dropout", fmt::format("{}", c.model.class_dropout)},
+                           {"timesteps", c.flow.timesteps},
+                           {"logit_mean", fmt::format("{}", c.flow.logit_mean)},
+                           {"logit_std", fmt::format("{}", c.flow.logit_std)},
+                           {"shift", fmt::format("{}", c.flow.shift)},
+                           {"activation_checkpointing", c.train.activation_checkpointing},
+                           {"tf32", c.train.tf32 ? "true" : "false"}});
+  return loss.item<double>();
+}
+
+}  // namespace flowtrain::trainer
