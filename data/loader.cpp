@@ -1,5 +1,7 @@
 #include "data/loader.h"
 
+#include "data/splitmix64.h"
+
 #include "data/data_error.h"
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -9,23 +11,6 @@
 #include <numeric>
 
 namespace flowtrain::data {
-
-namespace {
-
-// splitmix64: a tiny, well-mixed PRNG whose sequence is fixed forever (unlike std:: engines'
-// distributions, which differ between standard libraries).
-struct SplitMix64 {
-  uint64_t state;
-  uint64_t next() {
-    uint64_t z = (state += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-  }
-  uint64_t below(uint64_t n) { return next() % n; }  // bias < n / 2^64: irrelevant here
-};
-
-}  // namespace
 
 std::vector<int64_t> epoch_order(int64_t n, uint64_t seed, int64_t epoch) {
   std::vector<int64_t> order(n);
@@ -73,7 +58,6 @@ Loader::~Loader() {
   for (auto& t : threads_) t.join();
 }
 
-int64_t Loader::batches_per_epoch() const { return dataset_->size() / options_.global_batch; }
 
 LoaderState Loader::state() const {
   std::lock_guard<std::mutex> lock(mutex_);

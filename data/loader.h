@@ -59,7 +59,6 @@ class Loader {
 
   Batch next();                 // blocks until the next batch is ready; rethrows worker errors
   LoaderState state() const;    // the state after the last batch returned by next()
-  int64_t batches_per_epoch() const;
 
  private:
   struct Task { int64_t index; LoaderState start; };

@@ -47,86 +47,96 @@ at::Tensor interpolate(const at::Tensor& x0, const at::Tensor& noise, const at::
   return (1 - tb) * x0 + tb * noise;
 }
 
-at::Tensor drop_labels(const at::Tensor& labels, double p, int64_t null_class, at::Generator& gen) {
-  if (p <= 0) return labels;
-  at::Tensor drop = at::rand({labels.size(0)}, gen, at::TensorOptions().dtype(at::kFloat).device(gen.device()))
-                       .lt(p)
-                       .to(labels.device());
-  return at::where(drop, at::full_like(labels, null_class), labels);
+namespace {
+
+// One uniform per dropout entry, drawn on the generator: the k-th mask is u_k < p_k.
+std::vector<at::Tensor> draw_drop_uniforms(const ConditioningDropout& dropout, int64_t n, at::Generator& gen) {
+  std::vector<at::Tensor> u;
+  for (double p : dropout.probabilities)
+    if (p > 0) u.push_back(at::rand({n}, gen, at::TensorOptions().dtype(at::kFloat).device(gen.device())));
+  return u;
 }
 
-FlowMatchingDraw draw_flow_matching_inputs(const at::Tensor& x0, const at::Tensor& labels,
-                                           const TimestepSampler& timesteps, double label_dropout,
-                                           int64_t null_class, at::Generator& gen) {
+Conditioning apply_dropout(const ConditioningDropout& dropout, const Conditioning& cond,
+                           const std::vector<at::Tensor>& uniforms) {
+  if (uniforms.empty()) return cond;
+  std::vector<at::Tensor> dropped;
+  size_t k = 0;
+  for (double p : dropout.probabilities)
+    if (p > 0) dropped.push_back(uniforms[k++].lt(p));
+  return dropout.apply(cond, dropped);
+}
+
+}  // namespace
+
+FlowMatchingDraw draw_flow_matching_inputs(const at::Tensor& x0, const Conditioning& cond,
+                                           const TimestepSampler& timesteps, const ConditioningDropout& dropout,
+                                           at::Generator& gen) {
   // Drawn on the generator's device (a CPU generator gives the same draws whatever device the
   // model trains on), then moved to x0's.
   FlowMatchingDraw d;
   d.t = timesteps.sample(x0.size(0), gen, x0.options());
   d.noise = at::randn(x0.sizes(), gen, x0.options().device(gen.device())).to(x0.device());
-  d.labels = drop_labels(labels, label_dropout, null_class, gen);
+  d.cond = apply_dropout(dropout, cond, draw_drop_uniforms(dropout, x0.size(0), gen));
   return d;
 }
 
-FlowMatchingDraw draw_flow_matching_inputs_per_row(const at::Tensor& x0, const at::Tensor& labels,
-                                                   const TimestepSampler& timesteps, double label_dropout,
-                                                   int64_t null_class, const std::function<uint64_t(int64_t)>& row_seed,
+FlowMatchingDraw draw_flow_matching_inputs_per_row(const at::Tensor& x0, const Conditioning& cond,
+                                                   const TimestepSampler& timesteps,
+                                                   const ConditioningDropout& dropout,
+                                                   const std::function<uint64_t(int64_t)>& row_seed,
                                                    int64_t first_row) {
   const int64_t n = x0.size(0);
   const auto cpu_float = at::TensorOptions().dtype(at::kFloat);
-  std::vector<at::Tensor> ts, noises, drops;
+  std::vector<at::Tensor> ts, noises;
+  std::vector<std::vector<at::Tensor>> uniforms;  // [row][entry]
   for (int64_t i = 0; i < n; ++i) {
     at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(row_seed(first_row + i));
     ts.push_back(timesteps.sample(1, gen, cpu_float));
     noises.push_back(at::randn(x0[i].sizes(), gen, x0.options().device(at::kCPU)));
-    if (label_dropout > 0) drops.push_back(at::rand({1}, gen, cpu_float));
+    uniforms.push_back(draw_drop_uniforms(dropout, 1, gen));
   }
   FlowMatchingDraw d;
   d.t = at::cat(ts).to(x0.options());
   d.noise = at::stack(noises).to(x0.device());
-  d.labels = labels;
-  if (label_dropout > 0) {
-    at::Tensor drop = at::cat(drops).lt(label_dropout).to(labels.device());
-    d.labels = at::where(drop, at::full_like(labels, null_class), labels);
+  std::vector<at::Tensor> per_entry;
+  for (size_t k = 0; k < (uniforms.empty() ? 0 : uniforms[0].size()); ++k) {
+    std::vector<at::Tensor> column;
+    for (const auto& row : uniforms) column.push_back(row[k]);
+    per_entry.push_back(at::cat(column));
   }
+  d.cond = apply_dropout(dropout, cond, per_entry);
   return d;
 }
 
 FlowMatchingLoss flow_matching_loss(const VelocityFn& model, const at::Tensor& x0, const FlowMatchingDraw& d) {
   at::Tensor x_t = interpolate(x0, d.noise, d.t);
   at::Tensor target = d.noise - x0;
-  at::Tensor v = model(x_t, d.t, d.labels);
+  at::Tensor v = model(x_t, d.t, d.cond);
   if (v.size(1) != x0.size(1)) v = v.narrow(1, 0, x0.size(1));  // learn-sigma: use the first C channels
   return {at::mse_loss(v.to(at::kFloat), target.to(at::kFloat)), d.t};
-}
-
-FlowMatchingLoss flow_matching_loss(const VelocityFn& model, const at::Tensor& x0, const at::Tensor& labels,
-                                    const TimestepSampler& timesteps, double label_dropout,
-                                    int64_t null_class, at::Generator& gen) {
-  return flow_matching_loss(model, x0, draw_flow_matching_inputs(x0, labels, timesteps, label_dropout, null_class, gen));
 }
 
 at::Tensor sampling_times(int64_t steps, double shift) {
   return shift_time(at::linspace(1.0, 0.0, steps + 1, at::TensorOptions().dtype(at::kDouble)), shift);
 }
 
-at::Tensor sample(const VelocityFn& model, const at::Tensor& noise, const at::Tensor& labels,
-                  const SamplerOptions& o) {
+at::Tensor sample(const VelocityFn& model, const at::Tensor& noise, const Conditioning& cond,
+                  const Conditioning& null_cond, const SamplerOptions& o) {
   const bool guided = o.cfg_scale != 1.0;
-  if (guided && o.null_class < 0) throw std::invalid_argument("sample: cfg_scale != 1 needs a null class");
   at::NoGradGuard no_grad;
   const int64_t channels = noise.size(1);
+  const Conditioning both = guided ? Conditioning::cat(cond, null_cond) : Conditioning();
 
   auto velocity = [&](const at::Tensor& x, double t) {
     const int64_t B = x.size(0);
     at::Tensor v;
     if (guided) {
-      at::Tensor xx = at::cat({x, x});
-      at::Tensor yy = at::cat({labels, at::full_like(labels, o.null_class)});
-      at::Tensor out = model(xx, at::full({2 * B}, t, x.options()), yy).narrow(1, 0, channels);
+      at::Tensor out = model(at::cat({x, x}), at::full({2 * B}, t, x.options()), both).narrow(1, 0, channels);
       at::Tensor v_cond = out.narrow(0, 0, B), v_uncond = out.narrow(0, B, B);
       v = v_uncond + o.cfg_scale * (v_cond - v_uncond);
     } else {
-      v = model(x, at::full({B}, t, x.options()), labels).narrow(1, 0, channels);
+      v = model(x, at::full({B}, t, x.options()), cond).narrow(1, 0, channels);
     }
     return v.to(x.scalar_type());
   };

@@ -4,8 +4,12 @@
 // (SiT uses the reverse time: t_SiT = 1 − t, v_SiT = −v.)
 //
 // Every random draw takes an explicit generator, so a caller seeding it from (seed, rank, step)
-// gets the same timesteps, noise and label dropout after a resume.
+// gets the same timesteps, noise and conditioning dropout after a resume. Conditioning travels
+// as a named bundle (models/conditioning.h): nothing here knows a modality.
 #pragma once
+
+#include "models/conditioning.h"
+#include "models/model.h"
 
 #include <ATen/ATen.h>
 
@@ -33,30 +37,30 @@ at::Tensor shift_time(const at::Tensor& t, double alpha);
 // x_t = (1 − t)·x0 + t·ε, with t [B] broadcast over the remaining dims.
 at::Tensor interpolate(const at::Tensor& x0, const at::Tensor& noise, const at::Tensor& t);
 
-// Replaces each label by `null_class` with probability p (classifier-free guidance training).
-at::Tensor drop_labels(const at::Tensor& labels, double p, int64_t null_class, at::Generator& gen);
+// A velocity model v(x, t, cond): x [B, ...], t [B] in [0, 1] -> the shape of x (or more channels).
+using VelocityFn = std::function<at::Tensor(const at::Tensor& x, const at::Tensor& t, const Conditioning& cond)>;
 
-// A velocity model v(x, t, y): x [B, ...], t [B] in [0, 1], y [B] -> same shape as x.
-using VelocityFn = std::function<at::Tensor(const at::Tensor& x, const at::Tensor& t, const at::Tensor& y)>;
-
-// The random inputs of one objective evaluation, drawn in a fixed order (t, noise, label
-// dropout) so a generator seeded the same way always gives the same draw.
+// The random inputs of one objective evaluation, drawn in a fixed order (t, noise, one uniform
+// per conditioning-dropout entry) so a generator seeded the same way always gives the same draw.
 struct FlowMatchingDraw {
   at::Tensor t;       // [B] float
   at::Tensor noise;   // like x0
-  at::Tensor labels;  // [B] after dropout to the null class
+  Conditioning cond;  // after classifier-free-guidance dropout
 };
-FlowMatchingDraw draw_flow_matching_inputs(const at::Tensor& x0, const at::Tensor& labels,
-                                           const TimestepSampler& timesteps, double label_dropout,
-                                           int64_t null_class, at::Generator& gen);
+// All rows from one generator, drawn on the generator's device (a CPU generator gives the same
+// draws whatever device the model trains on).
+FlowMatchingDraw draw_flow_matching_inputs(const at::Tensor& x0, const Conditioning& cond,
+                                           const TimestepSampler& timesteps, const ConditioningDropout& dropout,
+                                           at::Generator& gen);
 
 // The draws for rows [first_row, first_row + B) of a global batch, each row from its own CPU
-// generator seeded with row_seed(global row index), in the same order (t, noise, dropout). A
-// row's draw does not depend on how the global batch is split across data-parallel ranks and
-// micro-batches, so every layout of the same global batch trains on the same noise.
-FlowMatchingDraw draw_flow_matching_inputs_per_row(const at::Tensor& x0, const at::Tensor& labels,
-                                                   const TimestepSampler& timesteps, double label_dropout,
-                                                   int64_t null_class, const std::function<uint64_t(int64_t)>& row_seed,
+// generator seeded with row_seed(global row index), in the same order. A row's draw does not
+// depend on how the global batch is split across data-parallel ranks and micro-batches, so every
+// layout of the same global batch trains on the same noise.
+FlowMatchingDraw draw_flow_matching_inputs_per_row(const at::Tensor& x0, const Conditioning& cond,
+                                                   const TimestepSampler& timesteps,
+                                                   const ConditioningDropout& dropout,
+                                                   const std::function<uint64_t(int64_t)>& row_seed,
                                                    int64_t first_row);
 
 struct FlowMatchingLoss {
@@ -64,14 +68,9 @@ struct FlowMatchingLoss {
   at::Tensor t;          // [B] the sampled times (for logging per-t loss later)
 };
 
-// mean((v(x_t, t, y) − (ε − x0))²) for a given draw. A learn-sigma model (2·C outputs) is
-// trained on its first C channels only.
+// mean((v(x_t, t, cond) − (ε − x0))²) for a given draw. A model with more output channels than
+// x0 (learn-sigma) is trained on its first C channels only.
 FlowMatchingLoss flow_matching_loss(const VelocityFn& model, const at::Tensor& x0, const FlowMatchingDraw& draw);
-
-// One training objective evaluation: draw, then loss.
-FlowMatchingLoss flow_matching_loss(const VelocityFn& model, const at::Tensor& x0, const at::Tensor& labels,
-                                    const TimestepSampler& timesteps, double label_dropout,
-                                    int64_t null_class, at::Generator& gen);
 
 enum class SamplerKind { Euler, Heun };
 SamplerKind parse_sampler(const std::string& name);  // euler | heun
@@ -81,7 +80,6 @@ struct SamplerOptions {
   int64_t steps = 50;
   double cfg_scale = 1.0;   // w: v = v_u + w·(v_c − v_u); 1 = plain conditional
   double shift = 1.0;       // same α as training
-  int64_t null_class = -1;  // label of the unconditional branch (required when cfg_scale != 1)
 };
 
 // The time grid 1 = t_0 > t_1 > … > t_N = 0: linspace(1, 0, N + 1), then shifted.
@@ -89,8 +87,9 @@ at::Tensor sampling_times(int64_t steps, double shift);
 
 // Integrates from noise (t = 1) to data (t = 0). Euler: x += (t_next − t)·v. Heun: the
 // trapezoidal corrector on every step but the last (which is Euler, as t_next = 0 there).
-// With classifier-free guidance the conditional and unconditional batches run as one.
-at::Tensor sample(const VelocityFn& model, const at::Tensor& noise, const at::Tensor& labels,
-                  const SamplerOptions& options);
+// With classifier-free guidance (cfg_scale != 1) the conditional batch (`cond`) and the
+// unconditional one (`null_cond`, the model's null_conditioning) run as one.
+at::Tensor sample(const VelocityFn& model, const at::Tensor& noise, const Conditioning& cond,
+                  const Conditioning& null_cond, const SamplerOptions& options);
 
 }  // namespace flowtrain::models

@@ -5,6 +5,8 @@
 // timm's Attention/Mlp/PatchEmbed), so their weights load and our exports load into their code.
 #pragma once
 
+#include "models/model.h"
+
 #include <ATen/ATen.h>
 #include <torch/nn/module.h>
 #include <torch/nn/modules/container/sequential.h>
@@ -17,10 +19,8 @@
 
 namespace flowtrain::models {
 
-// The attention kernel a model calls: softmax(q·kᵀ/√Dh)·v on [B, H, N, Dh] tensors, no mask.
-// Injected so that context parallelism (Ulysses, ring) can replace it without the model knowing.
-using AttentionFn =
-    std::function<at::Tensor(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v)>;
+// AttentionFn (models/model.h) is injected so that context parallelism (Ulysses, ring) can
+// replace the kernel without the model knowing. The default:
 // at::scaled_dot_product_attention, except for short fp32 sequences on the CPU: there ATen's
 // CPU flash kernel loses to the plain composition (batched GEMMs + softmax) by 1.1–3× for
 // N ≤ 144 tokens (fwd+bwd, 2 threads; docs/perf.md), so N ≤ kMathAttentionMaxTokens takes

@@ -22,7 +22,7 @@ using torch::autograd::variable_list;
 
 // What the recompute needs besides the inputs, kept alive by the autograd node (IValue capsule).
 struct Recompute : torch::CustomClassHolder {
-  BlockForward call;
+  models::UnitCall call;
   at::Tensor cpu_rng, device_rng;  // generator states at the first forward
   c10::Device device{c10::kCPU};
   bool autocast = false;            // autocast of the inputs' device type at the first forward
@@ -39,26 +39,27 @@ void set_generator_state(at::Generator& gen, const at::Tensor& state) {
 }
 
 struct CheckpointFn : torch::autograd::Function<CheckpointFn> {
-  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& c,
-                            c10::intrusive_ptr<Recompute> recompute) {
+  // `inputs` as a TensorList: autograd tracks every tensor of it as an input of this node.
+  static variable_list forward(AutogradContext* ctx, at::TensorList inputs, c10::intrusive_ptr<Recompute> recompute) {
     // Autograd Functions run their forward with grad mode off: call() records no graph and keeps
     // no activations.
+    const c10::Device device = inputs.front().device();
     recompute->cpu_rng = generator_state(at::detail::getDefaultCPUGenerator());
-    recompute->device = x.device();
-    recompute->autocast = at::autocast::is_autocast_enabled(x.device().type());
-    recompute->autocast_dtype = at::autocast::get_autocast_dtype(x.device().type());
-    if (x.device().is_cuda()) recompute->device_rng = generator_state(at::globalContext().defaultGenerator(x.device()));
-    ctx->save_for_backward({x, c});
+    recompute->device = device;
+    recompute->autocast = at::autocast::is_autocast_enabled(device.type());
+    recompute->autocast_dtype = at::autocast::get_autocast_dtype(device.type());
+    if (device.is_cuda()) recompute->device_rng = generator_state(at::globalContext().defaultGenerator(device));
+    ctx->save_for_backward(inputs.vec());
     ctx->saved_data["recompute"] = c10::IValue::make_capsule(recompute);
-    return recompute->call(x, c);
+    return recompute->call(inputs.vec());
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     RECORD_USER_SCOPE("activation_checkpoint.recompute");
     auto recompute = c10::static_intrusive_pointer_cast<Recompute>(ctx->saved_data["recompute"].toCapsule());
-    const auto saved = ctx->get_saved_variables();
-    at::Tensor x = saved[0].detach().requires_grad_(saved[0].requires_grad());
-    at::Tensor c = saved[1].detach().requires_grad_(saved[1].requires_grad());
+    models::Tensors inputs;
+    for (const auto& saved : ctx->get_saved_variables())
+      inputs.push_back(saved.detach().requires_grad_(saved.requires_grad()));
     // The recompute draws what the first forward drew; the generators continue from where the
     // backward found them afterwards.
     at::Generator cpu = at::detail::getDefaultCPUGenerator();
@@ -71,28 +72,37 @@ struct CheckpointFn : torch::autograd::Function<CheckpointFn> {
       device_now = generator_state(device_gen);
       set_generator_state(device_gen, recompute->device_rng);
     }
-    at::Tensor out;
+    models::Tensors outputs;
     {
       at::AutoGradMode grad_on(true);
       // The first forward's autocast (backward runs after the trainer's region has closed).
       models::AutocastRegion autocast(recompute->autocast, recompute->device.type(), recompute->autocast_dtype);
-      out = recompute->call(x, c);
+      outputs = recompute->call(inputs);
     }
     set_generator_state(cpu, cpu_now);
     if (device_gen.defined()) set_generator_state(device_gen, device_now);
     // Backward through the recomputed graph: parameters accumulate their gradients as usual,
     // the inputs' gradients are returned to the outer graph.
-    if (out.requires_grad()) torch::autograd::backward({out}, {grads[0]}, /*retain_graph=*/false);
-    return {x.requires_grad() ? x.grad() : at::Tensor(), c.requires_grad() ? c.grad() : at::Tensor(), at::Tensor()};
+    variable_list roots, root_grads;
+    for (size_t i = 0; i < outputs.size(); ++i)
+      if (outputs[i].requires_grad() && grads[i].defined()) {
+        roots.push_back(outputs[i]);
+        root_grads.push_back(grads[i]);
+      }
+    if (!roots.empty()) torch::autograd::backward(roots, root_grads, /*retain_graph=*/false);
+    variable_list input_grads;
+    for (const auto& x : inputs) input_grads.push_back(x.requires_grad() ? x.grad() : at::Tensor());
+    input_grads.emplace_back();  // the capsule
+    return input_grads;
   }
 };
 
 }  // namespace
 
-at::Tensor checkpointed_call(BlockForward call, const at::Tensor& x, const at::Tensor& c) {
+models::Tensors checkpointed_call(models::UnitCall call, const models::Tensors& inputs) {
   auto recompute = c10::make_intrusive<Recompute>();
   recompute->call = std::move(call);
-  return CheckpointFn::apply(x, c, recompute);
+  return CheckpointFn::apply(at::TensorList(inputs), recompute);
 }
 
 bool checkpoint_block(const std::string& mode, int64_t every, int64_t block_index) {

@@ -10,19 +10,18 @@
 // the same order.
 #pragma once
 
+#include "models/model.h"
+
 #include <ATen/ATen.h>
 
 #include <functional>
 
 namespace flowtrain::parallel {
 
-// A block's forward: (tokens [B, T, D], conditioning [B, D]) -> tokens.
-using BlockForward = std::function<at::Tensor(const at::Tensor& x, const at::Tensor& c)>;
-
-// call(x, c) with its activations recomputed in backward. The CPU random generator (and the
+// call(inputs) with its activations recomputed in backward. The CPU random generator (and the
 // device's, on CUDA) is restored before the recompute, so a block that draws random numbers
 // (dropout) draws the same ones. `call` must stay callable until backward has run.
-at::Tensor checkpointed_call(BlockForward call, const at::Tensor& x, const at::Tensor& c);
+models::Tensors checkpointed_call(models::UnitCall call, const models::Tensors& inputs);
 
 // Which blocks to checkpoint: train.activation_checkpointing "none" | "full" (every
 // `every`-th block, starting with block 0; every = 1: all blocks).

@@ -11,7 +11,6 @@
 
 #include <ATen/ATen.h>
 
-#include <functional>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -56,15 +55,5 @@ class Comm {
   virtual WorkHandle exchange(const at::Tensor& out, int64_t dst, const at::Tensor& in, int64_t src, int64_t tag) = 0;
   virtual void barrier() = 0;
 };
-
-// Instrumentation for tests and traces: every collective issued through any Comm is reported
-// here (name of the group, the collective, the caller's label) at issue time and at wait time.
-struct CommEvent {
-  enum Kind { Issue, Wait } kind;
-  std::string group, op, label;
-};
-using CommObserver = std::function<void(const CommEvent&)>;
-void set_comm_observer(CommObserver observer);  // empty = off
-void notify_comm_event(const CommEvent& event);
 
 }  // namespace flowtrain::parallel

@@ -22,9 +22,6 @@ namespace flowtrain::parallel {
 
 namespace {
 
-std::mutex observer_mutex;
-CommObserver observer;
-
 // First line of a c10d error: their messages carry long C++ stack traces.
 std::string first_line(const std::string& s) {
   const auto nl = s.find('\n');
@@ -132,7 +129,6 @@ class C10dComm : public Comm {
   template <typename Issue>
   WorkHandle run(const char* op, Issue&& issue, std::function<void()> then = {}) {
     const std::string what = fmt::format("{} on group {}", op, name_);
-    notify_comm_event({CommEvent::Issue, name_, op, ""});
     c10::intrusive_ptr<c10d::Work> work;
     try {
       work = issue();
@@ -140,20 +136,7 @@ class C10dComm : public Comm {
       throw CommError(fmt::format("{} failed: {}", what, first_line(e.what())));
     }
     if (watchdog_) watchdog_->watch(what, [work] { return work->isCompleted(); });
-    auto handle = std::make_shared<C10dWork>(std::move(work), what, std::move(then));
-    struct Observed : Work {
-      std::shared_ptr<C10dWork> inner;
-      std::string group, op;
-      void wait() override {
-        inner->wait();
-        notify_comm_event({CommEvent::Wait, group, op, ""});
-      }
-    };
-    auto observed = std::make_shared<Observed>();
-    observed->inner = handle;
-    observed->group = name_;
-    observed->op = op;
-    return observed;
+    return std::make_shared<C10dWork>(std::move(work), what, std::move(then));
   }
 
   c10::intrusive_ptr<c10d::Backend> backend_;
@@ -318,16 +301,6 @@ class C10dRuntime : public Runtime {
 };
 
 }  // namespace
-
-void set_comm_observer(CommObserver o) {
-  std::lock_guard<std::mutex> lock(observer_mutex);
-  observer = std::move(o);
-}
-
-void notify_comm_event(const CommEvent& event) {
-  std::lock_guard<std::mutex> lock(observer_mutex);
-  if (observer) observer(event);
-}
 
 std::unique_ptr<Runtime> Runtime::create(const RuntimeOptions& options) {
   return std::make_unique<C10dRuntime>(options);

@@ -27,6 +27,7 @@ struct FullyShardedModule::Unit {
   WorkHandle replica_work;                 // HSDP all-reduce of `reduced`
   at::Tensor reduced;
   int64_t grads_ready = 0;
+  bool backward_started = false;  // pre_backward has run since the unit's forward
 };
 
 ReductionFault reduction_fault_from_env() {
@@ -55,7 +56,7 @@ bool under(const std::string& name, const std::string& prefix) {
 
 }  // namespace
 
-FullyShardedModule::FullyShardedModule(torch::nn::Module& module, const FsdpPlan& plan, Comm& shard,
+FullyShardedModule::FullyShardedModule(torch::nn::Module& module, const models::UnitPlan& plan, Comm& shard,
                                        Comm* replicate, FsdpOptions options)
     : module_(module), shard_(shard), replicate_(replicate), options_(options) {
   const int64_t n = shard.size(), r = shard.rank();
@@ -229,8 +230,8 @@ void FullyShardedModule::begin_forward() {
   if (blocks_.empty() && head_) wait_gather(*head_);
 }
 
-at::Tensor FullyShardedModule::run_unit(int64_t index, const std::vector<at::Tensor>& inputs,
-                                        const std::function<at::Tensor()>& call) {
+models::Tensors FullyShardedModule::run_unit(int64_t index, const models::Tensors& inputs,
+                                             const std::function<models::Tensors()>& call) {
   const int64_t count = static_cast<int64_t>(blocks_.size());
   TORCH_CHECK(index >= 0 && index < count, "FSDP: no block unit ", index);
   Unit& u = *blocks_[index];
@@ -244,12 +245,18 @@ at::Tensor FullyShardedModule::run_unit(int64_t index, const std::vector<at::Ten
     else if (head_) start_gather(*head_);  // the final layer runs right after this block
   }
   event("forward_begin " + u.layout.name);
-  at::Tensor out = call();
+  models::Tensors outputs = call();
   event("forward_end " + u.layout.name);
   if (last && head_) wait_gather(*head_);
   // The last block's backward comes first: keep it rather than free and re-gather at once.
   if (options_.reshard_after_forward && !(training && last)) release(u);
-  if (training && out.requires_grad()) out.register_hook([this, index](const at::TensorBase&) { pre_backward(index); });
+  // The first output gradient to arrive starts the unit's backward (a unit with several outputs
+  // — Flux's double block — hooks each; pre_backward acts once per backward).
+  u.backward_started = false;
+  if (training)
+    for (auto& out : outputs)
+      if (out.defined() && out.requires_grad())
+        out.register_hook([this, index](const at::TensorBase&) { pre_backward(index); });
   if (training && index == 0 && stem_) {
     // Block 0's inputs get their gradients when its backward is done, just before the stem's
     // modules run backward: the stem (prefetched by pre_backward(0)) must be here by then.
@@ -257,11 +264,13 @@ at::Tensor FullyShardedModule::run_unit(int64_t index, const std::vector<at::Ten
       if (input.defined() && input.requires_grad())
         const_cast<at::Tensor&>(input).register_hook([this](const at::TensorBase&) { wait_gather(*stem_); });
   }
-  return out;
+  return outputs;
 }
 
 void FullyShardedModule::pre_backward(int64_t index) {
   Unit& u = *blocks_[index];
+  if (u.backward_started) return;
+  u.backward_started = true;
   event("backward_begin " + u.layout.name);
   wait_gather(u);
   if (options_.prefetch) {
@@ -384,46 +393,6 @@ void FullyShardedModule::swap_shards(std::vector<at::Tensor>& shards) {
     TORCH_CHECK(shards[i].sizes() == units_[i]->shard.sizes(), "FSDP swap_shards: shape mismatch for ",
                 units_[i]->layout.name);
     std::swap(units_[i]->shard, shards[i]);
-  }
-}
-
-std::vector<std::pair<std::string, at::Tensor>> FullyShardedModule::full_state_dict() {
-  at::NoGradGuard no_grad;
-  std::map<std::string, at::Tensor> gathered;
-  for (auto& u : units_) {
-    at::Tensor flat = at::empty({u->layout.padded_numel}, u->shard.options().dtype(at::kFloat));
-    shard_.all_gather(flat, u->shard.detach().to(at::kFloat))->wait();
-    for (const auto& p : u->layout.params) gathered[p.name] = flat.narrow(0, p.offset, p.numel).view(p.shape).clone();
-  }
-  std::vector<std::pair<std::string, at::Tensor>> out;
-  for (const auto& item : module_.named_parameters(/*recurse=*/true)) {
-    auto it = gathered.find(item.key());
-    out.emplace_back(item.key(), it != gathered.end() ? it->second : item.value().detach().clone());
-  }
-  return out;
-}
-
-void FullyShardedModule::load_full_state_dict(const std::vector<std::pair<std::string, at::Tensor>>& tensors) {
-  std::map<std::string, at::Tensor> by_name(tensors.begin(), tensors.end());
-  at::NoGradGuard no_grad;
-  reshard_all();
-  const int64_t r = shard_.rank();
-  for (auto& u : units_) {
-    at::Tensor flat = at::zeros({u->layout.padded_numel}, u->shard.options().dtype(at::kFloat));
-    for (const auto& p : u->layout.params) {
-      auto it = by_name.find(p.name);
-      if (it == by_name.end()) throw std::invalid_argument("missing tensor '" + p.name + "'");
-      if (it->second.sizes().vec() != p.shape)
-        throw std::invalid_argument(fmt::format("tensor '{}' has shape [{}], the model needs [{}]", p.name,
-                                                fmt::join(it->second.sizes().vec(), ", "), fmt::join(p.shape, ", ")));
-      flat.narrow(0, p.offset, p.numel).copy_(it->second.reshape(-1));
-    }
-    u->shard.copy_(flat.narrow(0, r * u->layout.shard_numel, u->layout.shard_numel));
-  }
-  for (const auto& item : module_.named_parameters(/*recurse=*/true)) {
-    if (item.value().requires_grad()) continue;
-    auto it = by_name.find(item.key());
-    if (it != by_name.end()) item.value().copy_(it->second);
   }
 }
 

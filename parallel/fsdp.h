@@ -31,6 +31,7 @@
 // keeps its own copy, as a buffer would be.
 #pragma once
 
+#include "models/model.h"
 #include "parallel/comm.h"
 
 #include <ATen/ATen.h>
@@ -72,14 +73,6 @@ struct FsdpOptions {
   ReductionFault fault = ReductionFault::None;
 };
 
-// Which parameters form which unit, by module-name prefix ("x_embedder", "blocks.3"). Every
-// trainable parameter must fall under exactly one prefix.
-struct FsdpPlan {
-  std::vector<std::string> stem;    // modules that run before the first block (embedders)
-  std::vector<std::string> blocks;  // one unit each, in execution order
-  std::vector<std::string> head;    // modules that run after the last block (final layer)
-};
-
 // Where each parameter lives in its unit's flat buffer (also the checkpoint's layout record).
 struct FsdpParamLayout {
   std::string name;             // full dotted name: blocks.3.attn.qkv.weight
@@ -102,7 +95,7 @@ class FullyShardedModule {
   // `replicate` may be null (no HSDP). The module's current weights must be identical on every
   // rank (same seed); each rank keeps its slice. Throws std::invalid_argument naming a trainable
   // parameter that no prefix of the plan (or more than one) covers.
-  FullyShardedModule(torch::nn::Module& module, const FsdpPlan& plan, Comm& shard, Comm* replicate,
+  FullyShardedModule(torch::nn::Module& module, const models::UnitPlan& plan, Comm& shard, Comm* replicate,
                      FsdpOptions options);
   ~FullyShardedModule();
   FullyShardedModule(const FullyShardedModule&) = delete;
@@ -111,9 +104,10 @@ class FullyShardedModule {
   // --- the training step -------------------------------------------------------------------
   // Before every forward of the model (training or sampling): gathers the stem, starts block 0's gather.
   void begin_forward();
-  // Runs block unit `index` (the model's BlockRunner calls this around each block); `inputs`
+  // Runs block unit `index` (the model's UnitRunner calls this around each block); `inputs`
   // are the block's tensor inputs (block 0's are hooked to wait for the stem's re-gather).
-  at::Tensor run_unit(int64_t index, const std::vector<at::Tensor>& inputs, const std::function<at::Tensor()>& call);
+  models::Tensors run_unit(int64_t index, const models::Tensors& inputs,
+                           const std::function<models::Tensors()>& call);
   // false on all but the last micro-batch of a gradient-accumulation step: gradients then
   // accumulate unsharded and are reduced once (unless reduce_every_micro_batch).
   void set_gradient_sync(bool sync) { sync_ = sync; }
@@ -131,13 +125,6 @@ class FullyShardedModule {
   // Temporarily read weights from other shards (e.g. the EMA's) in forward; `shards` must match
   // named_shards() in order and shape. Swapping twice restores.
   void swap_shards(std::vector<at::Tensor>& shards);
-  // Every parameter gathered to full fp32 (collective: all ranks call it), in the module's
-  // registration order, plus the unsharded fixed parameters. For export and tests.
-  std::vector<std::pair<std::string, at::Tensor>> full_state_dict();
-  // The inverse: every rank takes its slice of each unit from full tensors (a checkpoint written
-  // unsharded or at another world size). Throws std::invalid_argument naming a missing or
-  // mis-shaped parameter.
-  void load_full_state_dict(const std::vector<std::pair<std::string, at::Tensor>>& tensors);
   // Bytes this rank holds persistently: master shards + their gradients (not the transient
   // gathered buffers). For the memory report.
   int64_t shard_bytes() const;

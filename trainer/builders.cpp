@@ -50,54 +50,26 @@ void configure_cuda(const c10::Device& device, const TrainConfig& train) {
   at::globalContext().setFloat32MatmulPrecision(train.tf32 ? "high" : "highest");
 }
 
-models::DiTOptions dit_options(const ModelConfig& m) {
-  models::DiTOptions o;
-  o.input_size = m.image_size;
-  o.patch = m.patch;
-  o.in_channels = m.in_channels;
-  o.hidden = m.resolved_hidden();
-  o.depth = m.resolved_depth();
-  o.heads = m.resolved_heads();
-  o.mlp_ratio = m.mlp_ratio;
-  o.num_classes = m.num_classes;
-  o.learn_sigma = m.learn_sigma;
-  return o;
-}
-
-parallel::FsdpPlan dit_fsdp_plan(const models::DiTOptions& o) {
-  parallel::FsdpPlan plan;
-  plan.stem = {"x_embedder", "t_embedder", "y_embedder"};  // pos_embed is fixed: not sharded
-  for (int64_t i = 0; i < o.depth; ++i) plan.blocks.push_back(fmt::format("blocks.{}", i));
-  plan.head = {"final_layer"};
-  return plan;
-}
-
-std::string context_attention_kind(const Config& c) {
-  const models::DiTOptions o = dit_options(c.model);
-  const int64_t cp = c.parallel.cp;
-  if (o.num_tokens() % cp != 0)
-    throw ConfigError(fmt::format("'parallel.cp' {} does not split the model's {} tokens ((model.image_size {} / "
-                                  "model.patch {})²) evenly",
-                                  cp, o.num_tokens(), o.input_size, o.patch));
-  const bool heads_split = o.heads % cp == 0;
+std::string context_attention_kind(const Config& c, const models::DiffusionModel& model) {
+  const int64_t cp = c.parallel.cp, tokens = model.tokens_per_sample(), heads = model.attention_heads();
+  if (tokens % cp != 0)
+    throw ConfigError(fmt::format("'parallel.cp' {} does not split the model's {} tokens ({}) evenly", cp, tokens,
+                                  model.token_layout()));
+  const bool heads_split = heads % cp == 0;
   if (c.parallel.cp_attention == "ulysses" && !heads_split)
     throw ConfigError(fmt::format("'parallel.cp_attention' ulysses needs the {} heads to split over 'parallel.cp' {}; "
                                   "use ring (or auto)",
-                                  o.heads, cp));
+                                  heads, cp));
   if (c.parallel.cp_attention == "auto") return heads_split ? "ulysses" : "ring";
   return c.parallel.cp_attention;
 }
 
-at::Tensor run_block(const TrainConfig& train, int64_t index, const models::BlockCall& call, const at::Tensor& x,
-                     const at::Tensor& c) {
+models::Tensors run_unit(const TrainConfig& train, int64_t index, const models::UnitCall& call,
+                         const models::Tensors& inputs) {
   if (at::GradMode::is_enabled() &&
       parallel::checkpoint_block(train.activation_checkpointing, train.activation_checkpointing_every, index))
-    return parallel::checkpointed_call(call, x, c);
-  return call(x, c);
-}
-
-models::DiT build_model(const ModelConfig& model, models::AttentionFn attention) {
-  return models::DiT(dit_options(model), std::move(attention));
+    return parallel::checkpointed_call(call, inputs);
+  return call(inputs);
 }
 
 std::shared_ptr<const data::ImageDataset> build_dataset(const Config& c) {

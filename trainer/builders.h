@@ -1,12 +1,11 @@
-// Turns config sections into runtime objects: the device, the model, the data set. The only
-// place where the trainer names a concrete model (DiT today; Flux and video DiT join here).
+// Turns config sections into runtime objects: the device, the data set, the loader, the timestep
+// sampler, threads. (Models are built by their family: trainer/model_registry.h.)
 #pragma once
 
 #include "data/image_dataset.h"
 #include "data/loader.h"
-#include "models/dit/dit.h"
+#include "models/model.h"
 #include "models/flow_matching.h"
-#include "parallel/fsdp.h"
 #include "trainer/config/config.h"
 
 #include <c10/core/Device.h>
@@ -28,24 +27,17 @@ int64_t cuda_device_for_rank(int64_t local_rank, int64_t device_count, const std
 // communicator) and sets the fp32 matmul precision from train.tf32. No-op on the CPU.
 void configure_cuda(const c10::Device& device, const TrainConfig& train);
 
-models::DiTOptions dit_options(const ModelConfig& model);
-// `attention` is what every block's attention calls (context-parallel runs pass theirs).
-models::DiT build_model(const ModelConfig& model, models::AttentionFn attention = models::default_attention());
+// parallel.cp_attention resolved for `model`: "ulysses" or "ring" ("auto": Ulysses when the
+// model's heads split over parallel.cp, else ring). Throws ConfigError naming the keys when the
+// model's tokens per sample do not split evenly over parallel.cp, or Ulysses is asked for and
+// the heads do not. Only meaningful for parallel.cp > 1.
+std::string context_attention_kind(const Config& config, const models::DiffusionModel& model);
 
-// The DiT's FSDP units: the embedders (stem), one unit per block, the final layer (head).
-parallel::FsdpPlan dit_fsdp_plan(const models::DiTOptions& options);
-
-// parallel.cp_attention resolved for the model: "ulysses" or "ring" ("auto": Ulysses when the
-// heads split over parallel.cp, else ring). Throws ConfigError naming the keys when the model's
-// token count does not split evenly over parallel.cp, or Ulysses is asked for and the heads do
-// not. Only meaningful for parallel.cp > 1.
-std::string context_attention_kind(const Config& config);
-
-// One DiT block's forward in training: under activation checkpointing (recomputed in backward)
+// One block's forward in training: under activation checkpointing (recomputed in backward)
 // when train.activation_checkpointing selects block `index` and gradients are being recorded,
 // else a plain call.
-at::Tensor run_block(const TrainConfig& train, int64_t index, const models::BlockCall& call, const at::Tensor& x,
-                     const at::Tensor& c);
+models::Tensors run_unit(const TrainConfig& train, int64_t index, const models::UnitCall& call,
+                         const models::Tensors& inputs);
 
 // Loads data.source; checks the images fit model.in_channels / image_size / num_classes and
 // throws ConfigError naming the key otherwise.

@@ -1,16 +1,13 @@
 #include "trainer/ema.h"
 
-#include "trainer/checkpoint/state_dict.h"
-
 #include <algorithm>
 
 namespace flowtrain::trainer {
 
-Ema::Ema(const models::DiT& model) : ema_(models::DiT(model->options)) {
-  ema_->to(model->pos_embed.device());
-  load_state_dict(*ema_, state_dict(*model), "EMA initialisation");
-  for (auto& p : ema_->parameters()) p.set_requires_grad(false);
-  ema_params_ = ema_->parameters();
+Ema::Ema(const std::vector<at::Tensor>& weights) {
+  at::NoGradGuard no_grad;
+  ema_.reserve(weights.size());
+  for (const auto& w : weights) ema_.push_back(w.detach().clone().set_requires_grad(false));
 }
 
 double Ema::decay_at(double decay, bool warmup, int64_t steps_done) {
@@ -18,15 +15,24 @@ double Ema::decay_at(double decay, bool warmup, int64_t steps_done) {
   return std::min(decay, (1.0 + double(steps_done)) / (10.0 + double(steps_done)));
 }
 
-void Ema::update(const models::DiT& model, double decay) {
+void Ema::update(const std::vector<at::Tensor>& weights, double decay) {
+  TORCH_CHECK(weights.size() == ema_.size(), "EMA: ", weights.size(), " weights for ", ema_.size(), " averages");
   at::NoGradGuard no_grad;
-  const auto params = model->parameters();
-  TORCH_CHECK(params.size() == ema_params_.size(), "EMA: model parameter count changed");
-  std::vector<at::Tensor> weights;
-  weights.reserve(params.size());
-  for (const auto& p : params) weights.push_back(p.detach());
+  std::vector<at::Tensor> w;
+  w.reserve(weights.size());
+  for (const auto& t : weights) w.push_back(t.detach());
   // One multi-tensor kernel on CUDA, the per-tensor lerp_ loop on the CPU.
-  at::_foreach_lerp_(ema_params_, weights, 1.0 - decay);
+  at::_foreach_lerp_(ema_, w, 1.0 - decay);
+}
+
+void swap_parameter_data(const std::vector<at::Tensor>& parameters, std::vector<at::Tensor>& other) {
+  TORCH_CHECK(parameters.size() == other.size(), "swap_parameter_data: ", parameters.size(), " vs ", other.size());
+  at::NoGradGuard no_grad;
+  for (size_t i = 0; i < parameters.size(); ++i) {
+    at::Tensor current = parameters[i].detach();  // shares the parameter's storage
+    const_cast<at::Tensor&>(parameters[i]).set_data(other[i]);
+    other[i] = current;
+  }
 }
 
 }  // namespace flowtrain::trainer

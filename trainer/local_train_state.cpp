@@ -1,8 +1,8 @@
 // TrainState for one process: the model's own parameters are the fp32 master weights.
 #include "models/autocast_region.h"
+#include "trainer/builders.h"
 #include "trainer/ema.h"
 #include "trainer/optimizer.h"
-#include "trainer/builders.h"
 #include "trainer/train_state.h"
 
 #include <fmt/format.h>
@@ -18,18 +18,22 @@ int64_t tensor_bytes(const at::Tensor& t) { return t.defined() ? t.numel() * sta
 
 class LocalTrainState : public TrainState {
  public:
-  LocalTrainState(models::DiT model, const Config& config) : model_(std::move(model)), config_(config) {
+  LocalTrainState(std::shared_ptr<models::DiffusionModel> model, const Config& config)
+      : model_(std::move(model)), config_(config) {
     AdamWOptions adam{config.optim.beta1, config.optim.beta2, config.optim.eps, config.optim.weight_decay};
     std::vector<std::pair<std::string, at::Tensor>> named;
     for (const auto& item : model_->named_parameters()) named.emplace_back(item.key(), item.value());
     optimizer_ = std::make_unique<AdamW>(named, adam);
-    if (config.train.ema_decay > 0) ema_ = std::make_unique<Ema>(model_);
+    // The EMA covers every parameter (fixed tables too), so its checkpoint file is a full state dict.
+    if (config.train.ema_decay > 0) ema_ = std::make_unique<Ema>(model_->parameters());
     if (config.train.activation_checkpointing != "none")
-      model_->block_runner = [train = config.train](int64_t index, const models::BlockCall& call, const at::Tensor& x,
-                                                    const at::Tensor& c) { return run_block(train, index, call, x, c); };
+      model_->unit_runner = [train = config.train](int64_t index, const models::UnitCall& call,
+                                                   const models::Tensors& inputs) {
+        return run_unit(train, index, call, inputs);
+      };
   }
 
-  models::DiT& model() override { return model_; }
+  models::DiffusionModel& model() override { return *model_; }
 
   StepReduction reduce_and_clip(const at::Tensor& local_loss, double max_norm, bool stop_requested) override {
     at::Tensor norm = clip_grad_norm(model_->parameters(), max_norm);
@@ -40,23 +44,38 @@ class LocalTrainState : public TrainState {
     optimizer_->zero_grad();
   }
   void ema_update(double decay) override {
-    if (ema_) ema_->update(model_, decay);
+    if (ema_) ema_->update(model_->parameters(), decay);
   }
   bool has_ema() const override { return ema_ != nullptr; }
   int64_t optimizer_step_count() const override { return optimizer_->step_count(); }
+
   void with_sampling_model(const std::function<void(const models::VelocityFn&)>& fn) override {
-    models::DiT& model = ema_ ? ema_->model() : model_;
-    const bool was_training = model->is_training();
-    model->eval();
-    at::NoGradGuard no_grad;
-    models::AutocastRegion autocast(config_.train.precision == "bf16", model->pos_embed.device().type());
-    fn([&model](const at::Tensor& x, const at::Tensor& t, const at::Tensor& y) { return model->forward(x, t, y); });
-    model->train(was_training);
+    // The model itself with the EMA values swapped into its parameters (and back): no copy.
+    const std::vector<at::Tensor> params = model_->parameters();
+    if (ema_) swap_parameter_data(params, ema_->tensors());
+    const bool was_training = model_->is_training();
+    model_->eval();
+    try {
+      at::NoGradGuard no_grad;
+      models::AutocastRegion autocast(config_.train.precision == "bf16", device_type());
+      fn([this](const at::Tensor& x, const at::Tensor& t, const models::Conditioning& c) {
+        return model_->forward(x, t, c);
+      });
+    } catch (...) {
+      model_->train(was_training);
+      if (ema_) swap_parameter_data(params, ema_->tensors());
+      throw;
+    }
+    model_->train(was_training);
+    if (ema_) swap_parameter_data(params, ema_->tensors());
   }
 
   void fill_checkpoint(CheckpointContents& c) override {
     c.model = state_dict(*model_);
-    if (ema_) c.ema = state_dict(*ema_->model());
+    if (ema_) {
+      const auto names = model_->named_parameters();
+      for (size_t i = 0; i < names.size(); ++i) c.ema.emplace_back(names[i].key(), ema_->tensors()[i]);
+    }
     for (const auto& slot : optimizer_->slots()) {
       c.optimizer.emplace_back("exp_avg." + slot.name, slot.exp_avg);
       c.optimizer.emplace_back("exp_avg_sq." + slot.name, slot.exp_avg_sq);
@@ -67,12 +86,23 @@ class LocalTrainState : public TrainState {
   CheckpointContents restore(const std::string& dir) override {
     CheckpointContents c = load_checkpoint(dir);  // a sharded checkpoint arrives consolidated
     load_state_dict(*model_, c.model, dir + "/model weights");
+    at::NoGradGuard no_grad;
     if (ema_) {
       if (c.ema.empty()) spdlog::warn("{} has no EMA weights; EMA restarts from the current weights", dir);
-      load_state_dict(*ema_->model(), c.ema.empty() ? c.model : c.ema, dir + "/EMA weights");
+      const NamedTensors& source = c.ema.empty() ? c.model : c.ema;
+      std::map<std::string, at::Tensor> by_name(source.begin(), source.end());
+      const auto names = model_->named_parameters();
+      for (size_t i = 0; i < names.size(); ++i) {
+        auto it = by_name.find(names[i].key());
+        if (it == by_name.end())
+          throw CheckpointError(fmt::format("{}/{}: no '{}'", dir, c.ema.empty() ? "model" : "EMA weights",
+                                            names[i].key()));
+        if (it->second.sizes() != ema_->tensors()[i].sizes())
+          throw CheckpointError(fmt::format("{}: EMA '{}' has the wrong shape", dir, names[i].key()));
+        ema_->tensors()[i].copy_(it->second);
+      }
     }
     std::map<std::string, at::Tensor> opt(c.optimizer.begin(), c.optimizer.end());
-    at::NoGradGuard no_grad;
     for (auto& slot : optimizer_->slots()) {
       for (auto [prefix, target] : {std::pair<const char*, at::Tensor*>{"exp_avg.", &slot.exp_avg},
                                     {"exp_avg_sq.", &slot.exp_avg_sq}}) {
@@ -93,12 +123,17 @@ class LocalTrainState : public TrainState {
     for (const auto& p : model_->parameters()) bytes += tensor_bytes(p) + tensor_bytes(p.grad());
     for (const auto& s : optimizer_->slots()) bytes += tensor_bytes(s.exp_avg) + tensor_bytes(s.exp_avg_sq);
     if (ema_)
-      for (const auto& p : ema_->model()->parameters()) bytes += tensor_bytes(p);
+      for (const auto& e : ema_->tensors()) bytes += tensor_bytes(e);
     return bytes;
   }
 
  private:
-  models::DiT model_;
+  c10::DeviceType device_type() const {
+    const auto params = model_->parameters();
+    return params.empty() ? c10::kCPU : params.front().device().type();
+  }
+
+  std::shared_ptr<models::DiffusionModel> model_;
   Config config_;
   std::unique_ptr<AdamW> optimizer_;
   std::unique_ptr<Ema> ema_;
@@ -106,7 +141,8 @@ class LocalTrainState : public TrainState {
 
 }  // namespace
 
-std::unique_ptr<TrainState> make_local_train_state(models::DiT model, const Config& config) {
+std::unique_ptr<TrainState> make_local_train_state(std::shared_ptr<models::DiffusionModel> model,
+                                                   const Config& config) {
   return std::make_unique<LocalTrainState>(std::move(model), config);
 }
 

@@ -92,14 +92,13 @@ at::Tensor clip_grad_norm(const std::vector<at::Tensor>& params, double max_norm
   // fp32 norm of each gradient, then the norm of those: torch.nn.utils.clip_grad_norm_'s order.
   // The _foreach ops are one multi-tensor kernel on CUDA and the per-tensor loop on the CPU.
   at::Tensor total = at::linalg_vector_norm(at::stack(at::_foreach_norm(grads, 2, at::kFloat)), 2);
-  if (max_norm > 0) {
-    // clamp(max_norm / (norm + 1e-6), max = 1), and 1 when the norm is not finite, so a NaN
-    // step is left for the trainer's non-finite policy instead of being silently zeroed.
-    at::Tensor coef = at::clamp_max(max_norm / (total + 1e-6), 1.0);
-    coef = at::where(at::isfinite(total), coef, at::ones_like(coef));
-    at::_foreach_mul_(grads, coef);
-  }
+  if (max_norm > 0) at::_foreach_mul_(grads, clip_coefficient(total, max_norm));
   return total;
+}
+
+at::Tensor clip_coefficient(const at::Tensor& norm, double max_norm) {
+  at::Tensor coef = at::clamp_max(max_norm / (norm + 1e-6), 1.0);
+  return at::where(at::isfinite(norm), coef, at::ones_like(coef));
 }
 
 }  // namespace flowtrain::trainer

@@ -59,4 +59,9 @@ class AdamW {
 // clipping. Non-finite norms are returned unchanged and nothing is scaled (the caller decides).
 at::Tensor clip_grad_norm(const std::vector<at::Tensor>& params, double max_norm);
 
+// The clip rule, one place for both train states: scale gradients by
+// clamp(max_norm / (norm + 1e-6), max = 1), and by 1 when the norm is not finite, so a NaN step is
+// left for the trainer's non-finite policy instead of being silently zeroed. `norm`: a scalar.
+at::Tensor clip_coefficient(const at::Tensor& norm, double max_norm);
+
 }  // namespace flowtrain::trainer

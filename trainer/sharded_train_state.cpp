@@ -4,6 +4,7 @@
 #include "parallel/context.h"
 #include "parallel/fsdp.h"
 #include "trainer/builders.h"
+#include "trainer/ema.h"
 #include "trainer/optimizer.h"
 #include "trainer/checkpoint/shard_layout.h"
 #include "trainer/train_state.h"
@@ -31,17 +32,16 @@ parallel::FsdpOptions fsdp_options(const Config& c) {
 
 class ShardedTrainState : public TrainState {
  public:
-  ShardedTrainState(models::DiT model, const Config& config, parallel::Runtime& runtime)
+  ShardedTrainState(std::shared_ptr<models::DiffusionModel> model, const Config& config, parallel::Runtime& runtime)
       : model_(std::move(model)), config_(config), runtime_(runtime) {
     parallel::Comm& shard = runtime.shard_group();
     parallel::Comm* replicate = runtime.replicate_group().size() > 1 ? &runtime.replicate_group() : nullptr;
-    fsdp_ = std::make_unique<parallel::FullyShardedModule>(*model_, dit_fsdp_plan(model_->options), shard, replicate,
+    fsdp_ = std::make_unique<parallel::FullyShardedModule>(*model_, model_->units(), shard, replicate,
                                                            fsdp_options(config));
     if (fsdp_options(config).fault != parallel::ReductionFault::None)
       spdlog::warn("FLOWTRAIN_FAULT_REDUCTION is set: gradients are reduced WRONGLY on purpose (a test of the checks)");
-    model_->block_runner = [this](int64_t index, const models::BlockCall& call, const at::Tensor& x,
-                                  const at::Tensor& c) {
-      return fsdp_->run_unit(index, {x, c}, [&] { return run_block(config_.train, index, call, x, c); });
+    model_->unit_runner = [this](int64_t index, const models::UnitCall& call, const models::Tensors& inputs) {
+      return fsdp_->run_unit(index, inputs, [&] { return run_unit(config_.train, index, call, inputs); });
     };
     if (runtime.context_group().size() > 1) {
       // Context parallelism: this rank's tokens from the embedding on; the output is gathered so
@@ -56,11 +56,10 @@ class ShardedTrainState : public TrainState {
 
     AdamWOptions adam{config.optim.beta1, config.optim.beta2, config.optim.eps, config.optim.weight_decay};
     optimizer_ = std::make_unique<AdamW>(fsdp_->named_shards(), adam);
-    if (config.train.ema_decay > 0)
-      for (const auto& [name, s] : fsdp_->named_shards()) ema_.push_back(s.detach().clone());
+    if (config.train.ema_decay > 0) ema_ = std::make_unique<Ema>(shards());
   }
 
-  models::DiT& model() override { return model_; }
+  models::DiffusionModel& model() override { return *model_; }
 
   void begin_micro_batch(bool last_of_step) override {
     fsdp_->set_gradient_sync(last_of_step);
@@ -84,10 +83,7 @@ class ShardedTrainState : public TrainState {
     runtime_.world_group().all_reduce(packed, parallel::ReduceOp::Sum)->wait();
     at::Tensor norm = packed[0].sqrt();
     if (max_norm > 0) {
-      // Same rule as clip_grad_norm: scale by min(1, max_norm / (norm + 1e-6)); leave a
-      // non-finite step to the trainer's non-finite policy.
-      at::Tensor coef = at::clamp_max(max_norm / (norm + 1e-6), 1.0);
-      coef = at::where(at::isfinite(norm), coef, at::ones_like(coef));
+      const at::Tensor coef = clip_coefficient(norm, max_norm);
       for (const auto& [name, s] : fsdp_->named_shards())
         if (s.grad().defined()) s.grad().mul_(coef);
     }
@@ -99,35 +95,34 @@ class ShardedTrainState : public TrainState {
     optimizer_->zero_grad();
   }
   void ema_update(double decay) override {
-    at::NoGradGuard no_grad;
-    auto shards = fsdp_->named_shards();
-    for (size_t i = 0; i < ema_.size(); ++i) ema_[i].lerp_(shards[i].second.detach(), 1.0 - decay);
+    if (ema_) ema_->update(shards(), decay);
   }
-  bool has_ema() const override { return !ema_.empty(); }
+  bool has_ema() const override { return ema_ != nullptr; }
   int64_t optimizer_step_count() const override { return optimizer_->step_count(); }
 
   void with_sampling_model(const std::function<void(const models::VelocityFn&)>& fn) override {
     // The sharded model itself, with the EMA shards swapped in: every forward gathers one unit at
     // a time (and releases it), as in training, so sampling never holds a full copy.
-    if (!ema_.empty()) fsdp_->swap_shards(ema_);
+    if (ema_) fsdp_->swap_shards(ema_->tensors());
     const bool was_training = model_->is_training();
     model_->eval();
     {
       at::NoGradGuard no_grad;
-      models::AutocastRegion autocast(config_.train.precision == "bf16", model_->pos_embed.device().type());
-      fn([this](const at::Tensor& x, const at::Tensor& t, const at::Tensor& y) {
+      models::AutocastRegion autocast(config_.train.precision == "bf16", shards().front().device().type());
+      fn([this](const at::Tensor& x, const at::Tensor& t, const models::Conditioning& c) {
         fsdp_->begin_forward();
-        return model_->forward(x, t, y);
+        return model_->forward(x, t, c);
       });
     }
     model_->train(was_training);
     fsdp_->reshard_all();
-    if (!ema_.empty()) fsdp_->swap_shards(ema_);
+    if (ema_) fsdp_->swap_shards(ema_->tensors());
   }
 
   void fill_checkpoint(CheckpointContents& c) override {
     c.model = fsdp_->named_shards();
-    for (size_t i = 0; i < ema_.size(); ++i) c.ema.emplace_back(layout_.units[i].name, ema_[i]);
+    if (ema_)
+      for (size_t i = 0; i < ema_->tensors().size(); ++i) c.ema.emplace_back(layout_.units[i].name, ema_->tensors()[i]);
     for (const auto& slot : optimizer_->slots()) {
       c.optimizer.emplace_back("exp_avg." + slot.name, slot.exp_avg);
       c.optimizer.emplace_back("exp_avg_sq." + slot.name, slot.exp_avg_sq);
@@ -170,9 +165,9 @@ class ShardedTrainState : public TrainState {
     for (size_t i = 0; i < shards.size(); ++i) {
       const std::string& unit = shards[i].first;
       shards[i].second.copy_(find(model, unit, dir));
-      if (!ema_.empty()) {
-        if (ema.empty()) ema_[i].copy_(shards[i].second);
-        else ema_[i].copy_(find(ema, unit, dir));
+      if (ema_) {
+        if (ema.empty()) ema_->tensors()[i].copy_(shards[i].second);
+        else ema_->tensors()[i].copy_(find(ema, unit, dir));
       }
     }
     for (auto& slot : optimizer_->slots()) {
@@ -186,7 +181,8 @@ class ShardedTrainState : public TrainState {
   int64_t state_bytes() const override {
     int64_t bytes = fsdp_->shard_bytes();
     for (const auto& s : optimizer_->slots()) bytes += tensor_bytes(s.exp_avg) + tensor_bytes(s.exp_avg_sq);
-    for (const auto& e : ema_) bytes += tensor_bytes(e);
+    if (ema_)
+      for (const auto& e : ema_->tensors()) bytes += tensor_bytes(e);
     return bytes;
   }
 
@@ -217,19 +213,25 @@ class ShardedTrainState : public TrainState {
     throw CheckpointError(fmt::format("{}: missing '{}'", dir, name));
   }
 
-  models::DiT model_;
+  std::vector<at::Tensor> shards() const {
+    std::vector<at::Tensor> out;
+    for (const auto& [name, s] : fsdp_->named_shards()) out.push_back(s);
+    return out;
+  }
+
+  std::shared_ptr<models::DiffusionModel> model_;
   Config config_;
   parallel::Runtime& runtime_;
   std::unique_ptr<parallel::FullyShardedModule> fsdp_;
   ShardLayout layout_;
   std::unique_ptr<AdamW> optimizer_;
-  std::vector<at::Tensor> ema_;  // one fp32 shard per unit, like the master shards
+  std::unique_ptr<Ema> ema_;  // one fp32 shard per unit, like the master shards
 };
 
 }  // namespace
 
-std::unique_ptr<TrainState> make_sharded_train_state(models::DiT model, const Config& config,
-                                                     parallel::Runtime& runtime) {
+std::unique_ptr<TrainState> make_sharded_train_state(std::shared_ptr<models::DiffusionModel> model,
+                                                     const Config& config, parallel::Runtime& runtime) {
   return std::make_unique<ShardedTrainState>(std::move(model), config, runtime);
 }
 

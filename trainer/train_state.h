@@ -9,8 +9,8 @@
 // backward → end; then reduce_and_clip → optimizer_step → ema_update.
 #pragma once
 
-#include "models/dit/dit.h"
 #include "models/flow_matching.h"
+#include "models/model.h"
 #include "parallel/runtime.h"
 #include "trainer/checkpoint/checkpoint.h"
 #include "trainer/config/config.h"
@@ -29,7 +29,7 @@ struct StepReduction {
 class TrainState {
  public:
   virtual ~TrainState() = default;
-  virtual models::DiT& model() = 0;  // run the forward through this
+  virtual models::DiffusionModel& model() = 0;  // run the forward through this
   virtual void begin_micro_batch(bool last_of_step) {}
   virtual void end_micro_batch() {}
   // Global grad norm; grads are scaled in place by min(1, max_norm/norm) when max_norm > 0.
@@ -52,8 +52,9 @@ class TrainState {
   virtual int64_t state_bytes() const = 0;
 };
 
-std::unique_ptr<TrainState> make_local_train_state(models::DiT model, const Config& config);
-std::unique_ptr<TrainState> make_sharded_train_state(models::DiT model, const Config& config,
-                                                     parallel::Runtime& runtime);
+std::unique_ptr<TrainState> make_local_train_state(std::shared_ptr<models::DiffusionModel> model,
+                                                   const Config& config);
+std::unique_ptr<TrainState> make_sharded_train_state(std::shared_ptr<models::DiffusionModel> model,
+                                                     const Config& config, parallel::Runtime& runtime);
 
 }  // namespace flowtrain::trainer

@@ -1,11 +1,13 @@
 #include "trainer/trainer.h"
 
 #include "data/png.h"
+#include "data/splitmix64.h"
 #include "models/autocast_region.h"
 #include "parallel/activation_checkpoint.h"
 #include "parallel/context.h"
 
 #include "trainer/builders.h"
+#include "trainer/model_registry.h"
 #include "trainer/ema.h"
 #include "trainer/eval/evaluate.h"
 #include "trainer/checkpoint/file_util.h"
@@ -44,20 +46,16 @@ std::string format_duration(double s) {
 }  // namespace
 
 uint64_t step_seed(int64_t run_seed, int64_t rank, int64_t step, int64_t micro) {
-  // splitmix64 finaliser over a mix of the four coordinates
-  uint64_t z = static_cast<uint64_t>(run_seed) * 0x9E3779B97F4A7C15ull;
-  for (int64_t v : {rank, step, micro}) {
-    z ^= static_cast<uint64_t>(v) + 0x9E3779B97F4A7C15ull + (z << 6) + (z >> 2);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    z ^= z >> 31;
-  }
+  // splitmix64's mix over a hash-combine of the four coordinates
+  uint64_t z = static_cast<uint64_t>(run_seed) * data::kGoldenGamma;
+  for (int64_t v : {rank, step, micro})
+    z = data::splitmix64_mix(z ^ (static_cast<uint64_t>(v) + data::kGoldenGamma + (z << 6) + (z >> 2)));
   return z;
 }
 
 models::FlowMatchingDraw draw_step_inputs(const Config& c, const models::TimestepSampler& timesteps,
-                                          const at::Tensor& x0, const at::Tensor& labels, int64_t step,
-                                          int64_t first_row) {
+                                          const models::ConditioningDropout& dropout, const at::Tensor& x0,
+                                          const models::Conditioning& cond, int64_t step, int64_t first_row) {
   const int64_t seed = c.run.seed;
   if (x0.is_cuda()) {
     // On the GPU: one Philox generator per (seed, step, slice), drawing the slice's t, noise and
@@ -70,11 +68,11 @@ models::FlowMatchingDraw draw_step_inputs(const Config& c, const models::Timeste
       std::lock_guard<std::mutex> lock(gen.mutex());
       gen.set_current_seed(step_seed(seed, /*rank=*/1, step, /*micro=*/first_row));
     }
-    return models::draw_flow_matching_inputs(x0, labels, timesteps, c.model.class_dropout, c.model.num_classes, gen);
+    return models::draw_flow_matching_inputs(x0, cond, timesteps, dropout, gen);
   }
   return models::draw_flow_matching_inputs_per_row(
-      x0, labels, timesteps, c.model.class_dropout, c.model.num_classes,
-      [seed, step](int64_t row) { return step_seed(seed, /*rank=*/0, step, /*micro=*/row); }, first_row);
+      x0, cond, timesteps, dropout, [seed, step](int64_t row) { return step_seed(seed, /*rank=*/0, step, /*micro=*/row); },
+      first_row);
 }
 
 Trainer::Trainer(Config config, TrainerHooks hooks) : config_(std::move(config)), hooks_(std::move(hooks)) {
@@ -91,7 +89,6 @@ Trainer::Trainer(Config config, TrainerHooks hooks) : config_(std::move(config))
   } catch (const parallel::MeshError& e) {
     throw ConfigError(std::string(e.what()) + " (" + env_.describe() + ")");
   }
-  const std::string cp_attention = config_.parallel.cp > 1 ? context_attention_kind(config_) : "";
   if (config_.data.batch_size % (dp_size_ * config_.train.grad_accum) != 0)
     throw ConfigError("'data.batch_size' (" + std::to_string(config_.data.batch_size) + ") must be divisible by " +
                       std::to_string(dp_size_) + " data-parallel ranks × 'train.grad_accum' (" +
@@ -99,7 +96,13 @@ Trainer::Trainer(Config config, TrainerHooks hooks) : config_(std::move(config))
   device_ = select_device(config_.run, env_.local_rank);
   configure_cuda(device_, config_.train);  // bound before the first collective
   dataset_ = build_dataset(config_);
-  if (config_.eval.every > 0) check_eval_config(config_, dit_options(config_.model));  // every rank, up front
+  // The model, from its family (trainer/model_registry.h); initialised from the run seed, so
+  // identical on every rank. Built before the run directory: its shape decides the checks below.
+  at::manual_seed(static_cast<uint64_t>(config_.run.seed));
+  family_ = &model_family(config_.model.arch);
+  std::shared_ptr<models::DiffusionModel> model = family_->build(config_.model);
+  const std::string cp_attention = config_.parallel.cp > 1 ? context_attention_kind(config_, *model) : "";
+  if (config_.eval.every > 0) check_eval_config(config_, *model);  // every rank, up front
   if (distributed) {
     parallel::RuntimeOptions ro{env_, shape, config_.parallel.backend, config_.parallel.timeout_s, device_};
     runtime_ = parallel::Runtime::create(ro);  // rendezvous: every rank arrives or all fail
@@ -111,20 +114,15 @@ Trainer::Trainer(Config config, TrainerHooks hooks) : config_(std::move(config))
     threading.threads = std::max<int64_t>(1, std::thread::hardware_concurrency() / env_.local_world);
   }
   const int threads = configure_threads(threading);
-  at::manual_seed(static_cast<uint64_t>(config_.run.seed));  // model initialisation: identical on every rank
   // With context parallelism every block's attention spans the context group (the model only
   // sees an attention function); the sequence split itself is installed with the sharding below.
-  models::DiT model =
-      cp_attention.empty()
-          ? build_model(config_.model)
-          : build_model(config_.model, parallel::context_attention(cp_attention, runtime_->context_group(),
-                                                                   models::default_attention()));
+  if (!cp_attention.empty())
+    model->set_attention(
+        parallel::context_attention(cp_attention, runtime_->context_group(), models::default_attention()));
   model->to(device_);
-  const auto dit = model->options;
-  spdlog::info("model: DiT depth {} hidden {} heads {} patch {} on {}×{}×{} ({} tokens): {:.2f}M parameters, "
-               "{:.3f} GFLOP per training sample (3× forward)",
-               dit.depth, dit.hidden, dit.heads, dit.patch, dit.in_channels, dit.input_size, dit.input_size,
-               dit.num_tokens(), models::count_parameters(*model) / 1e6, models::dit_train_flops_per_sample(dit) / 1e9);
+  const int64_t blocks = static_cast<int64_t>(model->units().blocks.size());
+  spdlog::info("model: {}: {:.2f}M parameters, {:.3f} GFLOP per training sample (3× forward)", model->describe(),
+               models::count_parameters(*model) / 1e6, model->train_flops_per_sample() / 1e9);
   spdlog::info("device {}, {} CPU threads, precision {}, global batch {} ({} data-parallel ranks × {} micro-batches "
                "× {})",
                device_.str(), threads, config_.train.precision, config_.data.batch_size, dp_size_,
@@ -132,19 +130,20 @@ Trainer::Trainer(Config config, TrainerHooks hooks) : config_(std::move(config))
   if (runtime_) {
     state_ = make_sharded_train_state(model, config_, *runtime_);
     spdlog::info("FSDP over {} ({} backend): {} units, {:.1f} MiB of training state on this rank", runtime_->mesh().describe(),
-                 runtime_->backend(), dit.depth + 1, state_->state_bytes() / 1048576.0);
+                 runtime_->backend(), blocks + 2, state_->state_bytes() / 1048576.0);
     if (!cp_attention.empty())
       spdlog::info("context parallelism: {} tokens per sample split over {} ranks ({} per rank), {} attention",
-                   dit.num_tokens(), config_.parallel.cp, dit.num_tokens() / config_.parallel.cp, cp_attention);
+                   model->tokens_per_sample(), config_.parallel.cp, model->tokens_per_sample() / config_.parallel.cp,
+                   cp_attention);
   } else {
     state_ = make_local_train_state(model, config_);
   }
   if (config_.train.activation_checkpointing != "none") {
     int64_t recomputed = 0;
-    for (int64_t i = 0; i < dit.depth; ++i)
+    for (int64_t i = 0; i < blocks; ++i)
       recomputed += parallel::checkpoint_block(config_.train.activation_checkpointing,
                                                config_.train.activation_checkpointing_every, i);
-    spdlog::info("activation checkpointing: {} of {} blocks recomputed in backward", recomputed, dit.depth);
+    spdlog::info("activation checkpointing: {} of {} blocks recomputed in backward", recomputed, blocks);
   }
   schedule_ = {config_.optim.lr, config_.optim.warmup_steps, config_.optim.schedule, config_.train.steps,
                config_.optim.min_lr_ratio};
@@ -269,22 +268,24 @@ Trainer::StepResult Trainer::train_step() {
   StepResult r{at::zeros({}, at::TensorOptions().dtype(at::kFloat).device(device_)), {}, {}, seconds_since(t_data)};
   // From pinned memory on CUDA: asynchronous copies, ordered before the step's kernels on the stream.
   at::Tensor images = batch.images.to(device_, /*non_blocking=*/true);
-  at::Tensor labels = batch.labels.to(device_, /*non_blocking=*/true);
+  const models::Conditioning cond = family_->class_conditioning(batch.labels).to(device_, /*non_blocking=*/true);
   const int64_t micro = images.size(0) / accum;
   const int64_t first_row = dp_rank_ * images.size(0);  // this rank's rows of the global batch
 
-  models::DiT& model = state_->model();
-  models::VelocityFn velocity = [&](const at::Tensor& x, const at::Tensor& t, const at::Tensor& y) {
-    return model->forward(x, t, y);
+  models::DiffusionModel& model = state_->model();
+  const models::ConditioningDropout dropout = model.conditioning_dropout();
+  models::VelocityFn velocity = [&](const at::Tensor& x, const at::Tensor& t, const models::Conditioning& c) {
+    return model.forward(x, t, c);
   };
   for (int64_t m = 0; m < accum; ++m) {
-    at::Tensor x0 = images.narrow(0, m * micro, micro), y = labels.narrow(0, m * micro, micro);
+    at::Tensor x0 = images.narrow(0, m * micro, micro);
     state_->begin_micro_batch(/*last_of_step=*/m == accum - 1);
     at::Tensor loss;
     {
       ProfileRange range("forward");
       models::AutocastRegion autocast(config_.train.precision == "bf16", device_.type());  // bf16: forward only
-      models::FlowMatchingDraw draw = draw_step_inputs(config_, timesteps_, x0, y, progress_.step, first_row + m * micro);
+      models::FlowMatchingDraw draw = draw_step_inputs(config_, timesteps_, dropout, x0, cond.rows(m * micro, micro),
+                                                       progress_.step, first_row + m * micro);
       loss = models::flow_matching_loss(velocity, x0, draw).loss;
     }
     {
@@ -362,7 +363,7 @@ void Trainer::write_samples() {
   at::Tensor samples;
   state_->with_sampling_model([&](const models::VelocityFn& velocity) {  // under FSDP: every rank
     samples = sample_rows_on_all_ranks(config_.sample.num, [&](int64_t first, int64_t count) {
-      return generate_samples(velocity, state_->model()->options, config_.sample, config_.flow,
+      return generate_samples(velocity, state_->model(), family_->class_conditioning, config_.sample, config_.flow,
                               dataset_->num_classes, device_, first, count);
     });
   });
@@ -385,11 +386,12 @@ void Trainer::evaluate() {
   at::Tensor samples;
   state_->with_sampling_model([&](const models::VelocityFn& velocity) {
     samples = sample_rows_on_all_ranks(config_.eval.num, [&](int64_t first, int64_t count) {
-      return generate_eval_samples(velocity, state_->model()->options, config_, device_, first, count);
+      return generate_eval_samples(velocity, state_->model(), family_->class_conditioning, config_, device_, first,
+                                   count);
     });
   });
   if (lead()) {
-    QualityReport q = score_eval_samples(samples, state_->model()->options, config_, device_);
+    QualityReport q = score_eval_samples(samples, state_->model(), config_, device_);
     const std::map<std::string, double> values = {{"eval_fd", q.fd},
                                                   {"eval_fd_floor", q.fd_floor},
                                                   {"eval_class_accuracy", q.class_accuracy},
@@ -434,7 +436,7 @@ int64_t Trainer::run() {
     return progress_.step;
   }
   install_stop_signal_handlers();
-  state_->model()->train();
+  state_->model().train();
   spdlog::info("training steps {} → {}", progress_.step, total);
 
   // Time of the training steps since the last log line; periodic eval / samples / checkpoints

@@ -8,7 +8,7 @@
 #pragma once
 
 #include "data/loader.h"
-#include "models/dit/dit.h"
+#include "models/model.h"
 #include "models/flow_matching.h"
 #include "trainer/checkpoint/checkpoint.h"
 #include "trainer/config/config.h"
@@ -18,6 +18,7 @@
 #include "trainer/telemetry/profiler.h"
 #include "trainer/telemetry/run_log.h"
 #include "trainer/telemetry/tensorboard.h"
+#include "trainer/model_registry.h"
 #include "trainer/train_state.h"
 
 #include <c10/core/Device.h>
@@ -50,7 +51,7 @@ class Trainer {
  public:
   explicit Trainer(Config config, TrainerHooks hooks = {});
   ~Trainer();
-  const models::DiT& model() const { return state_->model(); }
+  models::DiffusionModel& model() { return state_->model(); }
   int64_t rank() const { return env_.rank; }
   int64_t world() const { return env_.world; }
   // Persistent training-state bytes on this rank (weights, grads, AdamW, EMA): the memory report.
@@ -88,6 +89,7 @@ class Trainer {
   parallel::DistEnv env_;
   std::unique_ptr<parallel::Runtime> runtime_;  // null in a single-process run
   int64_t dp_rank_ = 0, dp_size_ = 1;           // this rank's slice of each global batch
+  const ModelFamily* family_ = nullptr;  // of model.arch: how batches condition the model
   std::unique_ptr<TrainState> state_;
   LrSchedule schedule_;
   models::TimestepSampler timesteps_;
@@ -106,13 +108,13 @@ class Trainer {
 // resumed run draws the same timesteps, noise and label dropout as the uninterrupted one.
 uint64_t step_seed(int64_t run_seed, int64_t rank, int64_t step, int64_t micro);
 
-// The flow-matching draws (t, noise, label dropout) of rows [first_row, first_row + B) of step
+// The flow-matching draws (t, noise, conditioning dropout) of rows [first_row, first_row + B) of step
 // `step`'s global batch. CPU: each row's generator is seeded from (run seed, step, global row), so
 // a resumed run and any data-parallel layout of the same global batch draw exactly the same.
 // CUDA (x0 on the GPU): one device generator per (run seed, step, first_row), drawn on the GPU:
 // the same for a resume at the same layout, other noise at another layout.
 models::FlowMatchingDraw draw_step_inputs(const Config& config, const models::TimestepSampler& timesteps,
-                                          const at::Tensor& x0, const at::Tensor& labels, int64_t step,
-                                          int64_t first_row);
+                                          const models::ConditioningDropout& dropout, const at::Tensor& x0,
+                                          const models::Conditioning& cond, int64_t step, int64_t first_row);
 
 }  // namespace flowtrain::trainer

@@ -3,15 +3,29 @@
 #include <torch/nn/init.h>
 #include <torch/nn/modules/activation.h>
 
+#include <fmt/format.h>
+
 #include <stdexcept>
 
 namespace flowtrain::models {
 
+namespace {
+struct Size {
+  const char* name;
+  int64_t depth, hidden, heads;
+};
+constexpr Size kSizes[] = {
+    {"tiny", 4, 128, 4}, {"S", 12, 384, 6}, {"B", 12, 768, 12}, {"L", 24, 1024, 16}, {"XL", 28, 1152, 16}};
+}  // namespace
+
+std::vector<std::string> dit_size_names() {
+  std::vector<std::string> names;
+  for (const Size& s : kSizes) names.emplace_back(s.name);
+  return names;
+}
+
 DiTOptions dit_size(const std::string& name, DiTOptions base) {
-  struct Size { const char* name; int64_t depth, hidden, heads; };
-  static const Size sizes[] = {
-      {"tiny", 4, 128, 4}, {"S", 12, 384, 6}, {"B", 12, 768, 12}, {"L", 24, 1024, 16}, {"XL", 28, 1152, 16}};
-  for (const Size& s : sizes) {
+  for (const Size& s : kSizes) {
     if (name == s.name) {
       base.depth = s.depth;
       base.hidden = s.hidden;
@@ -118,22 +132,65 @@ at::Tensor DiTImpl::forward(const at::Tensor& x, const at::Tensor& t, const at::
   at::Tensor c = t_embedder->forward(t * options.timestep_scale) + y_embedder->forward(y);  // [B, D]
   for (int64_t i = 0; i < options.depth; ++i) {
     DiTBlockImpl* block = blocks[i]->as<DiTBlock>();
-    if (!block_runner) {
+    if (!unit_runner) {
       tokens = block->forward(tokens, c);
       continue;
     }
-    tokens = block_runner(i, [block](const at::Tensor& x, const at::Tensor& cond) { return block->forward(x, cond); },
-                          tokens, c);
+    tokens = unit_runner(i, [block](const Tensors& in) { return Tensors{block->forward(in[0], in[1])}; },
+                         {tokens, c})[0];
   }
   at::Tensor out = final_layer->forward(tokens, c);                       // [B, T, p²·C_out]
   if (sequence_split.gather) out = sequence_split.gather(out);
   return unpatchify(out);                                                 // [B, C_out, H, W]
 }
 
-int64_t count_parameters(const torch::nn::Module& module) {
-  int64_t n = 0;
-  for (const auto& p : module.parameters(/*recurse=*/true)) n += p.numel();
-  return n;
+at::Tensor DiTImpl::forward(const at::Tensor& x, const at::Tensor& t, const Conditioning& cond) {
+  return forward(x, t, cond.at("labels"));
+}
+
+std::vector<int64_t> DiTImpl::sample_shape() const {
+  return {options.in_channels, options.input_size, options.input_size};
+}
+
+std::string DiTImpl::token_layout() const {
+  return fmt::format("(model.image_size {} / model.patch {})²", options.input_size, options.patch);
+}
+
+double DiTImpl::train_flops_per_sample() const { return dit_train_flops_per_sample(options); }
+
+std::string DiTImpl::describe() const {
+  return fmt::format("DiT depth {} hidden {} heads {} patch {} on {}×{}×{} ({} tokens)", options.depth,
+                     options.hidden, options.heads, options.patch, options.in_channels, options.input_size,
+                     options.input_size, options.num_tokens());
+}
+
+ConditioningDropout DiTImpl::conditioning_dropout() const {
+  ConditioningDropout d;
+  if (class_dropout > 0) d.probabilities = {class_dropout};
+  d.apply = [null_class = options.num_classes](const Conditioning& cond, const std::vector<at::Tensor>& dropped) {
+    if (dropped.empty()) return cond;
+    Conditioning out = cond;
+    const at::Tensor& labels = cond.at("labels");
+    out.set("labels", at::where(dropped[0].to(labels.device()), at::full_like(labels, null_class), labels));
+    return out;
+  };
+  return d;
+}
+
+Conditioning DiTImpl::null_conditioning(const Conditioning& cond) const {
+  return {{"labels", at::full_like(cond.at("labels"), options.num_classes)}};
+}
+
+UnitPlan DiTImpl::units() const {
+  UnitPlan plan;
+  plan.stem = {"x_embedder", "t_embedder", "y_embedder"};  // pos_embed is fixed: not sharded
+  for (int64_t i = 0; i < options.depth; ++i) plan.blocks.push_back(fmt::format("blocks.{}", i));
+  plan.head = {"final_layer"};
+  return plan;
+}
+
+void DiTImpl::set_attention(const AttentionFn& attention) {
+  for (const auto& block : *blocks) block->as<DiTBlock>()->attn->attention = attention;
 }
 
 double dit_forward_flops_per_sample(const DiTOptions& o) {

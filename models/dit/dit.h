@@ -14,7 +14,6 @@
 
 #include <torch/nn/modules/container/modulelist.h>
 
-#include <functional>
 #include <string>
 
 namespace flowtrain::models {
@@ -42,6 +41,7 @@ struct DiTOptions {
 // Named reference sizes: "S", "B", "L", "XL" (DiT paper, Table 1) and "tiny" (tests, CPU demo).
 // Sets depth/hidden/heads on a copy of `base`. Throws std::invalid_argument for other names.
 DiTOptions dit_size(const std::string& name, DiTOptions base = {});
+std::vector<std::string> dit_size_names();  // tiny, S, B, L, XL
 
 // One DiT block with adaLN-Zero conditioning.
 struct DiTBlockImpl : torch::nn::Module {
@@ -62,28 +62,14 @@ struct FinalLayerImpl : torch::nn::Module {
 };
 TORCH_MODULE(FinalLayer);
 
-// How DiT::forward calls block `index`. Empty = call it directly. The distributed runtime
-// installs its own (an FSDP unit gathers the block's weights before `call` and frees them
-// after; activation checkpointing re-runs `call` in backward), so the model never names them.
-using BlockCall = std::function<at::Tensor(const at::Tensor& x, const at::Tensor& c)>;
-using BlockRunner =
-    std::function<at::Tensor(int64_t index, const BlockCall& call, const at::Tensor& x, const at::Tensor& c)>;
-
-// How DiT::forward splits its token sequence across context-parallel ranks. Empty = the whole
-// sequence is here. The runtime installs both (parallel/context.h): `split` keeps this rank's
-// tokens after the position embedding, `gather` reassembles the final layer's output before
-// unpatchify. Every per-token op in between is local; attention gets its keys and values from
-// the other ranks through the model's AttentionFn.
-struct SequenceSplit {
-  std::function<at::Tensor(const at::Tensor& tokens)> split, gather;  // [B, T, ·] along dim 1
-};
-
-struct DiTImpl : torch::nn::Module {
+struct DiTImpl : DiffusionModel {
   explicit DiTImpl(const DiTOptions& options, AttentionFn attention = default_attention());
 
   // x [B, C, H, W], t [B] flow time in [0, 1], y [B] labels (num_classes = null class)
   // -> [B, C_out, H, W]
   at::Tensor forward(const at::Tensor& x, const at::Tensor& t, const at::Tensor& y);
+  // The same with y = cond["labels"].
+  at::Tensor forward(const at::Tensor& x, const at::Tensor& t, const Conditioning& cond) override;
 
   // [B, T, p²·C] -> [B, C, H, W]; each token's features are ordered (p, q, c) (row, col, channel).
   at::Tensor unpatchify(const at::Tensor& tokens) const;
@@ -91,20 +77,31 @@ struct DiTImpl : torch::nn::Module {
   // The reference initialisation (DiT.initialize_weights), drawn from the global CPU generator.
   void initialize_weights();
 
+  // DiffusionModel
+  std::vector<int64_t> sample_shape() const override;
+  int64_t tokens_per_sample() const override { return options.num_tokens(); }
+  std::string token_layout() const override;
+  int64_t attention_heads() const override { return options.heads; }
+  double train_flops_per_sample() const override;
+  std::string describe() const override;
+  // One draw per sample: the label becomes the null class (row num_classes) with probability
+  // class_dropout.
+  ConditioningDropout conditioning_dropout() const override;
+  Conditioning null_conditioning(const Conditioning& cond) const override;  // every label null
+  UnitPlan units() const override;  // stem: the embedders; a unit per block; head: final_layer
+  void set_attention(const AttentionFn& attention) override;
+
   DiTOptions options;
+  double class_dropout = 0.1;  // probability a training label is replaced by the null class
   PatchEmbed x_embedder{nullptr};
   TimestepEmbedder t_embedder{nullptr};
   LabelEmbedder y_embedder{nullptr};
   at::Tensor pos_embed;  // [1, T, D], a fixed (requires_grad = false) parameter, as the reference
   torch::nn::ModuleList blocks{nullptr};
   FinalLayer final_layer{nullptr};
-  BlockRunner block_runner;
-  SequenceSplit sequence_split;
 };
 TORCH_MODULE(DiT);
 
-// Counts and costs used in start-up logs and MFU.
-int64_t count_parameters(const torch::nn::Module& module);  // every parameter, pos_embed included
 // Training FLOPs per sample (3 × forward) from the layer shapes: linears 2·in·out per token,
 // attention 4·T·D per token per block (q·kᵀ and p·v), adaLN per sample. See notes/models.md.
 double dit_forward_flops_per_sample(const DiTOptions& o);

@@ -7,7 +7,6 @@
 #include "models/dit/dit.h"
 #include "parallel/fsdp.h"
 #include "parallel/runtime.h"
-#include "trainer/builders.h"
 
 #include <gtest/gtest.h>
 
@@ -45,11 +44,10 @@ TEST(DistFsdp, GathersArePrefetchedReduceScattersOverlapBackwardAndGradsMatchUns
 
   auto errors = test::run_thread_ranks(world, parallel::MeshShape{}, [&](int rank, parallel::Runtime& runtime) {
     models::DiT& model = models[rank];
-    parallel::FullyShardedModule fsdp(*model, trainer::dit_fsdp_plan(model->options), runtime.shard_group(), nullptr,
-                                      {});
+    parallel::FullyShardedModule fsdp(*model, model->units(), runtime.shard_group(), nullptr, {});
     fsdp.set_event_log(&out[rank].events);
-    model->block_runner = [&](int64_t i, const models::BlockCall& call, const at::Tensor& xi, const at::Tensor& c) {
-      return fsdp.run_unit(i, {xi, c}, [&] { return call(xi, c); });
+    model->unit_runner = [&](int64_t i, const models::UnitCall& call, const models::Tensors& inputs) {
+      return fsdp.run_unit(i, inputs, [&] { return call(inputs); });
     };
     const int64_t half = batch / world;
     fsdp.set_gradient_sync(true);
@@ -60,7 +58,7 @@ TEST(DistFsdp, GathersArePrefetchedReduceScattersOverlapBackwardAndGradsMatchUns
     fsdp.finish_backward();
     for (const auto& [name, shard] : fsdp.named_shards()) out[rank].shard_grads.emplace_back(name, shard.grad().clone());
     out[rank].layout = fsdp.layout();
-    model->block_runner = nullptr;
+    model->unit_runner = nullptr;
   });
   for (int r = 0; r < world; ++r) out[r].error = errors[r];
   ASSERT_EQ(out[0].error, "");

@@ -6,6 +6,7 @@
 #include "models/classifier.h"
 #include "test_util.h"
 #include "trainer/builders.h"
+#include "trainer/model_registry.h"
 #include "trainer/checkpoint/checkpoint.h"
 #include "trainer/eval/classifier_cache.h"
 #include "trainer/config/config.h"
@@ -149,7 +150,7 @@ TEST(ClassifierEval, UntrainedDiTScoresFarAboveTheFloorAndWritesEvalJson) {
                                            {"data.path=" + fashion_mnist_dir(), "eval.num=200", "eval.steps=2",
                                             "eval.sampler=euler", "eval.classifier_dir=" + shared_cache_dir()});
   // A fresh DiT: adaLN-Zero makes its velocity 0, so its "samples" are the initial noise.
-  models::DiT model = trainer::build_model(c.model);
+  const auto model = trainer::build_model(c.model);
   const std::string run = scratch_dir("run");
   trainer::CheckpointContents contents;
   contents.model = trainer::state_dict(*model);
@@ -173,10 +174,11 @@ TEST(ClassifierEval, UntrainedDiTScoresFarAboveTheFloorAndWritesEvalJson) {
 
   // Same process, same N: the real reference and classifier are reused; the samples too
   // (same seed), so the report is identical.
-  models::DiT reloaded = trainer::build_model(c.model);
+  const auto reloaded = trainer::build_model(c.model);
   trainer::load_state_dict(*reloaded, contents.model, "test");
   trainer::Config c100 = c;
   c100.eval.num = 100;
-  trainer::QualityReport again = trainer::evaluate_model(reloaded, c100, kCpu);
+  trainer::QualityReport again =
+      trainer::evaluate_model(*reloaded, trainer::model_family(c.model.arch).class_conditioning, c100, kCpu);
   EXPECT_EQ(again.to_json(), r.to_json());
 }

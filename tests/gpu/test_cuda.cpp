@@ -81,8 +81,8 @@ TEST(Cuda, ActivationCheckpointingUnderBf16AutocastGivesTheStoredGradients) {
     }
     model->to(at::kCUDA);
     if (checkpoint)
-      model->block_runner = [](int64_t, const BlockCall& call, const at::Tensor& xi, const at::Tensor& c) {
-        return flowtrain::parallel::checkpointed_call(call, xi, c);
+      model->unit_runner = [](int64_t, const UnitCall& call, const Tensors& inputs) {
+        return flowtrain::parallel::checkpointed_call(call, inputs);
       };
     at::Tensor loss;
     {
@@ -109,12 +109,16 @@ TEST(Cuda, StepDrawsOnTheDeviceAreReproducibleAndDifferPerSlice) {
   c.run.seed = 5;
   const auto ts = flowtrain::trainer::timestep_sampler(c.flow);
   const auto cuda = at::TensorOptions().device(at::kCUDA);
-  at::Tensor x0 = at::zeros({64, 4, 16, 16}, cuda), labels = at::zeros({64}, cuda.dtype(at::kLong));
-  auto a = flowtrain::trainer::draw_step_inputs(c, ts, x0, labels, /*step=*/3, /*first_row=*/0);
-  auto b = flowtrain::trainer::draw_step_inputs(c, ts, x0, labels, 3, 0);
-  auto other = flowtrain::trainer::draw_step_inputs(c, ts, x0, labels, 3, 64);  // the next rank's slice
-  EXPECT_TRUE(a.noise.is_cuda() && a.t.is_cuda() && a.labels.is_cuda());
-  EXPECT_TRUE(a.noise.equal(b.noise) && a.t.equal(b.t) && a.labels.equal(b.labels)) << "same seed, same draw";
+  at::Tensor x0 = at::zeros({64, 4, 16, 16}, cuda);
+  const Conditioning cond{{"labels", at::zeros({64}, cuda.dtype(at::kLong))}};
+  DiT model(options());
+  const ConditioningDropout dropout = model->conditioning_dropout();
+  auto a = flowtrain::trainer::draw_step_inputs(c, ts, dropout, x0, cond, /*step=*/3, /*first_row=*/0);
+  auto b = flowtrain::trainer::draw_step_inputs(c, ts, dropout, x0, cond, 3, 0);
+  auto other = flowtrain::trainer::draw_step_inputs(c, ts, dropout, x0, cond, 3, 64);  // the next rank's slice
+  const at::Tensor& la = a.cond.at("labels");
+  EXPECT_TRUE(a.noise.is_cuda() && a.t.is_cuda() && la.is_cuda());
+  EXPECT_TRUE(a.noise.equal(b.noise) && a.t.equal(b.t) && la.equal(b.cond.at("labels"))) << "same seed, same draw";
   EXPECT_FALSE(a.noise.equal(other.noise));
   // N(0, 1) noise over 65,536 values: mean within 0.02 (≈ 5 standard errors) and std within 2%.
   EXPECT_LT(std::abs(a.noise.mean().item<double>()), 0.02);

@@ -32,10 +32,10 @@ TEST(ActivationCheckpoint, RecomputedBlocksGiveTheStoredBlocksGradients) {
   const at::Tensor x = at::randn({4, 4, 8, 8}), t = at::rand({4}), y = at::randint(0, 10, {4});
   models::DiT plain = make_model(), recomputed = make_model();
   int64_t checkpointed = 0;
-  recomputed->block_runner = [&](int64_t i, const models::BlockCall& call, const at::Tensor& xi, const at::Tensor& c) {
-    if (!parallel::checkpoint_block("full", 2, i)) return call(xi, c);  // blocks 0 and 2
+  recomputed->unit_runner = [&](int64_t i, const models::UnitCall& call, const models::Tensors& inputs) {
+    if (!parallel::checkpoint_block("full", 2, i)) return call(inputs);  // blocks 0 and 2
     ++checkpointed;
-    return parallel::checkpointed_call(call, xi, c);
+    return parallel::checkpointed_call(call, inputs);
   };
   double loss_plain = 0, loss_recomputed = 0;
   auto want = gradients_of(plain, x, t, y, &loss_plain);
@@ -61,8 +61,8 @@ TEST(ActivationCheckpoint, TheRecomputeRunsUnderTheFirstForwardsAutocast) {
   auto gradients = [&](bool checkpoint) {
     models::DiT model = make_model();
     if (checkpoint)
-      model->block_runner = [](int64_t, const models::BlockCall& call, const at::Tensor& xi, const at::Tensor& c) {
-        return parallel::checkpointed_call(call, xi, c);
+      model->unit_runner = [](int64_t, const models::UnitCall& call, const models::Tensors& inputs) {
+        return parallel::checkpointed_call(call, inputs);
       };
     at::Tensor loss;
     at::autocast::set_autocast_dtype(at::kCPU, at::kBFloat16);
@@ -89,14 +89,14 @@ TEST(ActivationCheckpoint, TheRecomputeRunsUnderTheFirstForwardsAutocast) {
 
 TEST(ActivationCheckpoint, RandomDrawsAreReplayedInTheRecompute) {
   // A dropout-like block: its mask comes from the global CPU generator.
-  auto block = [](const at::Tensor& x, const at::Tensor& c) {
-    return x * at::bernoulli(at::full_like(x, 0.5)) * 2 + c;
+  auto block = [](const models::Tensors& in) {
+    return models::Tensors{in[0] * at::bernoulli(at::full_like(in[0], 0.5)) * 2 + in[1]};
   };
   const at::Tensor x0 = at::randn({3, 5}), c0 = at::randn({3, 5});
   auto run = [&](bool checkpoint, at::Tensor* next_draw) {
     at::manual_seed(9);
     at::Tensor x = x0.clone().requires_grad_(), c = c0.clone().requires_grad_();
-    at::Tensor out = checkpoint ? parallel::checkpointed_call(block, x, c) : block(x, c);
+    at::Tensor out = (checkpoint ? parallel::checkpointed_call(block, {x, c}) : block({x, c}))[0];
     (out * out).sum().backward();
     *next_draw = at::rand({4});  // the generator continues where the forward left it
     return x.grad();

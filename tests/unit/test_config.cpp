@@ -1,6 +1,7 @@
 // Config loading: every kind of bad input must produce a message that names where (file and
 // line, or the --set), which key, and what was allowed; good input round-trips through to_yaml.
 #include "trainer/builders.h"
+#include "trainer/model_registry.h"
 #include "trainer/config/config.h"
 
 #include <gtest/gtest.h>
@@ -484,7 +485,8 @@ TEST(ConfigTest, ContextParallelAttentionFollowsTheModelsTokensAndHeads) {
   // 2 heads; 32/2 = 16² = 256 tokens.
   auto kind = [](std::vector<std::string> sets) {
     sets.insert(sets.end(), {"model.size=tiny", "model.heads=2", "model.image_size=32", "model.patch=2"});
-    return context_attention_kind(parse_config("", "cfg.yaml", sets));
+    const Config c = parse_config("", "cfg.yaml", sets);
+    return context_attention_kind(c, *build_model(c.model));
   };
   EXPECT_EQ(kind({"parallel.cp=2"}), "ulysses");  // 2 heads split over 2
   EXPECT_EQ(kind({"parallel.cp=4"}), "ring");     // …but not over 4
@@ -495,7 +497,8 @@ TEST(ConfigTest, ContextParallelAttentionFollowsTheModelsTokensAndHeads) {
       << ulysses;
   // 28/4 = 7² = 49 tokens do not split over 2.
   const std::string tokens = error_of([&] {
-    context_attention_kind(parse_config("", "cfg.yaml", {"model.image_size=28", "model.patch=4", "parallel.cp=2"}));
+    const Config c = parse_config("", "cfg.yaml", {"model.image_size=28", "model.patch=4", "parallel.cp=2"});
+    context_attention_kind(c, *build_model(c.model));
   });
   EXPECT_NE(tokens.find("'parallel.cp' 2 does not split the model's 49 tokens"), std::string::npos) << tokens;
 }

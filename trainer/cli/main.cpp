@@ -6,7 +6,7 @@
 #include "trainer/telemetry/memory_stats.h"
 #include "trainer/telemetry/bench.h"
 #include "models/autocast_region.h"
-#include "models/dit/dit.h"
+#include "models/model.h"
 #include "parallel/env.h"
 #include "parallel/launch.h"
 #include "trainer/builders.h"
@@ -14,6 +14,7 @@
 #include "trainer/eval/classifier_cache.h"
 #include "trainer/eval/evaluate.h"
 #include "trainer/config/config.h"
+#include "trainer/model_registry.h"
 #include "trainer/checkpoint/export.h"
 #include "trainer/telemetry/run_log.h"
 #include "trainer/eval/sample_grid.h"
@@ -47,12 +48,11 @@ struct ConfigArgs {
 
 int cmd_config(const ConfigArgs& args) {
   trainer::Config c = args.load();
-  const auto dit = trainer::dit_options(c.model);
-  models::DiT model(dit);
+  const auto model = trainer::build_model(c.model);
   std::printf("# resolved config of %s\n", c.source_path.c_str());
   std::printf("# model: %.3fM parameters, %.4f GFLOP per training sample (3x forward; %ld tokens)\n",
-              models::count_parameters(*model) / 1e6, models::dit_train_flops_per_sample(dit) / 1e9,
-              static_cast<long>(dit.num_tokens()));
+              models::count_parameters(*model) / 1e6, model->train_flops_per_sample() / 1e9,
+              static_cast<long>(model->tokens_per_sample()));
   std::printf("%s\n", trainer::to_yaml(c).c_str());
   return 0;
 }
@@ -66,15 +66,22 @@ int cmd_sample(const ConfigArgs& args, const std::string& checkpoint, std::strin
   trainer::configure_threads(c.train);
   const c10::Device device = trainer::select_device(c.run);
   trainer::CheckpointContents ckpt = trainer::load_checkpoint(checkpoint);
-  models::DiT model = trainer::build_model(c.model);
+  const trainer::ModelFamily& family = trainer::model_family(c.model.arch);
+  const auto model = family.build(c.model);
   const bool use_ema = !raw && !ckpt.ema.empty();
   trainer::load_state_dict(*model, use_ema ? ckpt.ema : ckpt.model,
                            checkpoint + (use_ema ? "/ema.safetensors" : "/model.safetensors"));
   model->to(device);
+  model->eval();
   at::Tensor samples;
   {
+    at::NoGradGuard no_grad;
     models::AutocastRegion autocast(c.train.precision == "bf16", device.type());  // as training samples
-    samples = trainer::generate_samples(model, c.sample, c.flow, c.model.num_classes, device);
+    models::VelocityFn velocity = [&](const at::Tensor& x, const at::Tensor& t, const models::Conditioning& cond) {
+      return model->forward(x, t, cond);
+    };
+    samples = trainer::generate_samples(velocity, *model, family.class_conditioning, c.sample, c.flow,
+                                        c.model.num_classes, device);
   }
   // One column per class of the data set when the model has more class slots than shown.
   trainer::write_sample_grid(out, samples, std::min<int64_t>(c.model.num_classes, 10));

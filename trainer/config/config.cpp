@@ -3,6 +3,9 @@
 // emitted, or emitted but not validated.
 #include "trainer/config/config.h"
 
+#include "models/dit/dit.h"
+#include "trainer/model_registry.h"
+
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
@@ -28,23 +31,6 @@ namespace {
 // ---------------------------------------------------------------------------------------------
 // Model size presets. The single source for both resolved_*() and the model.size choices.
 
-struct SizePreset {
-  const char* name;
-  int64_t depth;
-  int64_t hidden;
-  int64_t heads;
-};
-
-constexpr SizePreset kSizes[] = {
-    {"tiny", 4, 128, 4}, {"S", 12, 384, 6}, {"B", 12, 768, 12}, {"L", 24, 1024, 16}, {"XL", 28, 1152, 16},
-};
-
-std::vector<std::string> size_names() {
-  std::vector<std::string> names;
-  for (const auto& s : kSizes) names.emplace_back(s.name);
-  return names;
-}
-
 std::string join(const std::vector<std::string>& items, const std::string& sep) {
   std::string out;
   for (size_t i = 0; i < items.size(); ++i) {
@@ -54,10 +40,12 @@ std::string join(const std::vector<std::string>& items, const std::string& sep) 
   return out;
 }
 
-const SizePreset& size_preset(const std::string& size) {
-  for (const auto& s : kSizes)
-    if (size == s.name) return s;
-  throw ConfigError("'model.size' must be one of " + join(size_names(), "|") + ", got '" + size + "'");
+models::DiTOptions size_preset(const std::string& size) {
+  try {
+    return models::dit_size(size);
+  } catch (const std::invalid_argument&) {
+    throw ConfigError("'model.size' must be one of " + join(models::dit_size_names(), "|") + ", got '" + size + "'");
+  }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -211,8 +199,8 @@ std::vector<Section> build_schema() {
                   .section);
 
   s.push_back(section("model", &Config::model)
-                  .add("arch", &ModelConfig::arch, one_of({"dit"}), "model family")
-                  .add("size", &ModelConfig::size, one_of(size_names()), "preset for hidden/depth/heads")
+                  .add("arch", &ModelConfig::arch, one_of(model_arch_names()), "model family")
+                  .add("size", &ModelConfig::size, one_of(models::dit_size_names()), "preset for hidden/depth/heads")
                   .add("hidden", &ModelConfig::hidden, at_least(0), "width; 0 = from size")
                   .add("depth", &ModelConfig::depth, at_least(0), "transformer blocks; 0 = from size")
                   .add("heads", &ModelConfig::heads, at_least(0), "attention heads; 0 = from size")
@@ -604,17 +592,7 @@ void Config::validate() const {
     }
   }
 
-  const int64_t hidden = model.resolved_hidden();
-  const int64_t heads = model.resolved_heads();
-  auto hidden_text = "'model.hidden' (" + std::to_string(hidden) + (model.hidden > 0 ? "" : ", from model.size") + ")";
-  if (hidden % heads != 0)
-    throw ConfigError(hidden_text + " must be divisible by 'model.heads' (" + std::to_string(heads) +
-                      (model.heads > 0 ? "" : ", from model.size") + ")");
-  if (hidden % 4 != 0)
-    throw ConfigError(hidden_text + " must be divisible by 4 (the 2-D sin-cos position table splits it in four)");
-  if (model.image_size % model.patch != 0)
-    throw ConfigError("'model.image_size' (" + std::to_string(model.image_size) + ") must be divisible by 'model.patch' (" +
-                      std::to_string(model.patch) + ")");
+  model_family(model.arch).validate(model);  // the family's cross-field checks
   if (data.batch_size % train.grad_accum != 0)
     throw ConfigError("'data.batch_size' (" + std::to_string(data.batch_size) +
                       ") must be divisible by 'train.grad_accum' (" + std::to_string(train.grad_accum) + ")");

@@ -5,6 +5,7 @@
 #include "models/classifier.h"
 #include "models/flow_matching.h"
 #include "trainer/builders.h"
+#include "trainer/model_registry.h"
 #include "trainer/checkpoint/checkpoint.h"
 #include "trainer/eval/classifier_cache.h"
 #include "trainer/checkpoint/file_util.h"
@@ -71,18 +72,19 @@ at::Tensor class_matched_subset(const data::ImageDataset& dataset, int64_t n, ui
 
 }  // namespace
 
-void check_eval_config(const Config& c, const models::DiTOptions& o) {
+void check_eval_config(const Config& c, const models::DiffusionModel& model) {
   const std::string where = c.source_path.empty() ? std::string("config") : c.source_path;
   auto fail = [&](const std::string& what) { throw ConfigError(where + ": " + what); };
   if (c.data.source != "fashion_mnist")
     fail(fmt::format("'data.source' is '{}'; the quality metrics need fashion_mnist (their classifier's data set)",
                      c.data.source));
-  if (o.in_channels != 1) fail(fmt::format("'model.in_channels' is {}; the quality metrics score 1-channel images", o.in_channels));
-  if (o.input_size < models::FashionClassifierImpl::kImageSide)
-    fail(fmt::format("'model.image_size' is {}; the quality metrics need >= 28", o.input_size));
-  if (o.num_classes < kClasses)
+  const std::vector<int64_t> shape = model.sample_shape();  // [C, H, W]
+  if (shape[0] != 1) fail(fmt::format("'model.in_channels' is {}; the quality metrics score 1-channel images", shape[0]));
+  if (shape[1] < models::FashionClassifierImpl::kImageSide)
+    fail(fmt::format("'model.image_size' is {}; the quality metrics need >= 28", shape[1]));
+  if (c.model.num_classes < kClasses)
     fail(fmt::format("'model.num_classes' is {}; the quality metrics sample all {} Fashion-MNIST classes",
-                     o.num_classes, kClasses));
+                     c.model.num_classes, kClasses));
   if (c.eval.num < 2) fail(fmt::format("'eval.num' must be >= 2, got {}", c.eval.num));
 }
 
@@ -137,53 +139,50 @@ std::string QualityReport::to_json() const {
   return j.dump();
 }
 
-at::Tensor generate_eval_samples(const models::VelocityFn& velocity, const models::DiTOptions& o, const Config& c,
-                                 const c10::Device& device, int64_t first, int64_t count) {
-  const int64_t n = c.eval.num;
-  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(static_cast<uint64_t>(c.eval.seed));
-  at::Tensor noise = padded_rows(at::randn({n, o.in_channels, o.input_size, o.input_size}, gen), first, count);
-  at::Tensor labels = padded_rows(at::arange(n, at::TensorOptions().dtype(at::kLong)) % kClasses, first, count);
-  models::SamplerOptions so;
-  so.kind = models::parse_sampler(c.eval.sampler);
-  so.steps = c.eval.steps;
-  so.cfg_scale = c.eval.cfg_scale;
-  so.shift = c.flow.shift;
-  so.null_class = o.num_classes;
-  const int64_t rows = noise.size(0);
+at::Tensor generate_eval_samples(const models::VelocityFn& velocity, const models::DiffusionModel& model,
+                                 const ClassConditioning& conditioning, const Config& c, const c10::Device& device,
+                                 int64_t first, int64_t count) {
+  if (count < 0) {
+    first = 0;
+    count = c.eval.num;
+  }
+  const models::SamplerOptions so = sampler_options(c.eval.sampler, c.eval.steps, c.eval.cfg_scale, c.flow);
   std::vector<at::Tensor> out;
-  for (int64_t begin = 0; begin < rows; begin += kMaxBatch) {
-    const int64_t end = std::min(begin + kMaxBatch, rows);
-    at::Tensor x = models::sample(velocity, noise.slice(0, begin, end).to(device), labels.slice(0, begin, end).to(device), so);
+  for (int64_t begin = 0; begin < count; begin += kMaxBatch) {
+    const int64_t rows = std::min(kMaxBatch, count - begin);
+    at::Tensor x = sample_classes(velocity, model, conditioning, c.eval.num, c.eval.seed, kClasses, so, device,
+                                  first + begin, rows);
     // [−1, 1] -> 0…255, rounded as an 8-bit image file would be
-    out.push_back(x.clamp(-1.0, 1.0).add(1.0).mul(127.5).round().to(at::kCPU, at::kByte));
-    if (end < rows) spdlog::info("eval: {}/{} samples", end, rows);  // minutes on a CPU: show progress
+    out.push_back(x.clamp(-1.0, 1.0).add(1.0).mul(127.5).round().to(at::kByte));
+    if (begin + rows < count) spdlog::info("eval: {}/{} samples", begin + rows, count);  // minutes on a CPU
   }
   return at::cat(out);
 }
 
-QualityReport evaluate_model(models::DiT& model, const Config& config, const c10::Device& device) {
-  check_eval_config(config, model->options);
-  const bool was_training = model->is_training();
-  model->eval();
+QualityReport evaluate_model(models::DiffusionModel& model, const ClassConditioning& conditioning, const Config& config,
+                             const c10::Device& device) {
+  check_eval_config(config, model);
+  const bool was_training = model.is_training();
+  model.eval();
   at::Tensor samples;
   {
     at::NoGradGuard no_grad;
     // In the training precision, as during training (TrainState::with_sampling_model).
     models::AutocastRegion autocast(config.train.precision == "bf16", device.type());
-    models::VelocityFn velocity = [&](const at::Tensor& x, const at::Tensor& t, const at::Tensor& y) {
-      return model->forward(x, t, y);
+    models::VelocityFn velocity = [&](const at::Tensor& x, const at::Tensor& t, const models::Conditioning& c) {
+      return model.forward(x, t, c);
     };
     spdlog::info("eval: generating {} samples ({} {} steps, cfg {}, seed {})", config.eval.num, config.eval.sampler,
                  config.eval.steps, config.eval.cfg_scale, config.eval.seed);
-    samples = generate_eval_samples(velocity, model->options, config, device);
+    samples = generate_eval_samples(velocity, model, conditioning, config, device);
   }
-  model->train(was_training);
-  return score_eval_samples(samples, model->options, config, device);
+  model.train(was_training);
+  return score_eval_samples(samples, model, config, device);
 }
 
-QualityReport score_eval_samples(const at::Tensor& samples, const models::DiTOptions& options, const Config& config,
+QualityReport score_eval_samples(const at::Tensor& samples, const models::DiffusionModel& model, const Config& config,
                                  const c10::Device& device) {
-  check_eval_config(config, options);
+  check_eval_config(config, model);
   std::lock_guard<std::mutex> lock(g_context_mutex);
   EvalContext& context = eval_context(config, device);
   const int64_t n = config.eval.num;
@@ -212,13 +211,14 @@ QualityReport evaluate_checkpoint(const Config& config, const std::string& check
   if (num_override > 0) c.eval.num = num_override;
   const c10::Device device = select_device(c.run);
   CheckpointContents checkpoint = load_checkpoint(checkpoint_dir);
-  models::DiT model = build_model(c.model);
+  const ModelFamily& family = model_family(c.model.arch);
+  std::shared_ptr<models::DiffusionModel> model = family.build(c.model);
   const bool use_ema = !checkpoint.ema.empty();
   const std::string source = (std::filesystem::path(checkpoint_dir) / (use_ema ? "ema.safetensors" : "model.safetensors")).string();
   load_state_dict(*model, use_ema ? checkpoint.ema : checkpoint.model, source);
   model->to(device);
   spdlog::info("eval: {} weights of {} (step {})", use_ema ? "EMA" : "raw", checkpoint_dir, checkpoint.progress.step);
-  QualityReport report = evaluate_model(model, c, device);
+  QualityReport report = evaluate_model(*model, family.class_conditioning, c, device);
   write_file_atomic((std::filesystem::path(checkpoint_dir) / "eval.json").string(), report.to_json() + "\n");
   return report;
 }

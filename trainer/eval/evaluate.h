@@ -16,8 +16,9 @@
 // proportions never enter the distances. The real statistics are computed once per process.
 #pragma once
 
-#include "models/dit/dit.h"
 #include "models/flow_matching.h"
+#include "models/model.h"
+#include "trainer/eval/sample_grid.h"
 #include "trainer/config/config.h"
 
 #include <c10/core/Device.h>
@@ -42,7 +43,7 @@ struct QualityReport {
 
 // Throws ConfigError naming the key when the quality metrics cannot score this config (the
 // requirements below). The trainer checks at start when eval.every > 0.
-void check_eval_config(const Config& config, const models::DiTOptions& model);
+void check_eval_config(const Config& config, const models::DiffusionModel& model);
 
 // Scores `model` as it is (pass the EMA model to score EMA weights) on `device`. Needs
 // data.source = fashion_mnist (the classifier's data set, read from data.path), in_channels 1,
@@ -51,7 +52,8 @@ void check_eval_config(const Config& config, const models::DiTOptions& model);
 // eval.classifier_dir. The model's train/eval mode is restored. Samples in the training
 // precision (train.precision bf16: under autocast), as training's evaluations do. =
 // generate_eval_samples, then score_eval_samples.
-QualityReport evaluate_model(models::DiT& model, const Config& config, const c10::Device& device);
+QualityReport evaluate_model(models::DiffusionModel& model, const ClassConditioning& conditioning, const Config& config,
+                             const c10::Device& device);
 
 // Builds the model from config.model, loads the checkpoint's EMA weights (its raw weights when it
 // has none), evaluates on run.device with eval.num = num_override (0 = keep eval.num) and writes
@@ -64,12 +66,13 @@ QualityReport evaluate_checkpoint(const Config& config, const std::string& check
 // are 8-bit too). Noise for all samples is drawn up front from eval.seed, then integrated ≤ 250
 // rows at a time, so the result does not depend on the batching or on how rows are split over
 // ranks (rows past eval.num repeat the last one: padding, see padded_rows).
-at::Tensor generate_eval_samples(const models::VelocityFn& velocity, const models::DiTOptions& model,
-                                 const Config& config, const c10::Device& device, int64_t first = 0, int64_t count = -1);
+at::Tensor generate_eval_samples(const models::VelocityFn& velocity, const models::DiffusionModel& model,
+                                 const ClassConditioning& conditioning, const Config& config, const c10::Device& device,
+                                 int64_t first = 0, int64_t count = -1);
 
 // The metrics of eval.num samples from generate_eval_samples (checks the config as
 // evaluate_model does).
-QualityReport score_eval_samples(const at::Tensor& samples, const models::DiTOptions& model, const Config& config,
+QualityReport score_eval_samples(const at::Tensor& samples, const models::DiffusionModel& model, const Config& config,
                                  const c10::Device& device);
 
 }  // namespace flowtrain::trainer

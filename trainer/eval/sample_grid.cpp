@@ -15,35 +15,34 @@ at::Tensor padded_rows(const at::Tensor& all, int64_t first, int64_t count) {
   return all.index_select(0, index.to(all.device()));
 }
 
-at::Tensor generate_samples(const models::VelocityFn& velocity, const models::DiTOptions& o,
-                            const SampleConfig& sample, const FlowConfig& flow, int64_t num_classes,
-                            const c10::Device& device, int64_t first, int64_t count) {
-  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(static_cast<uint64_t>(sample.seed));
-  at::Tensor noise = at::randn({sample.num, o.in_channels, o.input_size, o.input_size}, gen);
-  at::Tensor labels = at::arange(sample.num, at::TensorOptions().dtype(at::kLong)) % num_classes;
-
+models::SamplerOptions sampler_options(const std::string& sampler, int64_t steps, double cfg_scale,
+                                       const FlowConfig& flow) {
   models::SamplerOptions so;
-  so.kind = models::parse_sampler(sample.sampler);
-  so.steps = sample.steps;
-  so.cfg_scale = sample.cfg_scale;
+  so.kind = models::parse_sampler(sampler);
+  so.steps = steps;
+  so.cfg_scale = cfg_scale;
   so.shift = flow.shift;
-  so.null_class = o.num_classes;
-  return models::sample(velocity, padded_rows(noise, first, count).to(device),
-                        padded_rows(labels, first, count).to(device), so)
-      .to(at::kCPU);
+  return so;
 }
 
-at::Tensor generate_samples(models::DiT& model, const SampleConfig& sample, const FlowConfig& flow,
-                            int64_t num_classes, const c10::Device& device) {
-  const bool was_training = model->is_training();
-  model->eval();
-  at::NoGradGuard no_grad;
-  models::VelocityFn velocity = [&](const at::Tensor& x, const at::Tensor& t, const at::Tensor& y) {
-    return model->forward(x, t, y);
-  };
-  at::Tensor out = generate_samples(velocity, model->options, sample, flow, num_classes, device);
-  model->train(was_training);
-  return out;
+at::Tensor sample_classes(const models::VelocityFn& velocity, const models::DiffusionModel& model,
+                          const ClassConditioning& conditioning, int64_t num, int64_t seed, int64_t num_classes,
+                          const models::SamplerOptions& options, const c10::Device& device, int64_t first,
+                          int64_t count) {
+  std::vector<int64_t> shape = model.sample_shape();
+  shape.insert(shape.begin(), num);
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(static_cast<uint64_t>(seed));
+  at::Tensor noise = padded_rows(at::randn(shape, gen), first, count).to(device);
+  at::Tensor labels = padded_rows(at::arange(num, at::TensorOptions().dtype(at::kLong)) % num_classes, first, count);
+  const models::Conditioning cond = conditioning(labels).to(device);
+  return models::sample(velocity, noise, cond, model.null_conditioning(cond), options).to(at::kCPU);
+}
+
+at::Tensor generate_samples(const models::VelocityFn& velocity, const models::DiffusionModel& model,
+                            const ClassConditioning& conditioning, const SampleConfig& sample, const FlowConfig& flow,
+                            int64_t num_classes, const c10::Device& device, int64_t first, int64_t count) {
+  return sample_classes(velocity, model, conditioning, sample.num, sample.seed, num_classes,
+                        sampler_options(sample.sampler, sample.steps, sample.cfg_scale, flow), device, first, count);
 }
 
 at::Tensor sample_grid_image(const at::Tensor& samples, int64_t num_classes) {

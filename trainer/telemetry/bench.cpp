@@ -4,6 +4,7 @@
 #include "data/safetensors.h"
 #include "models/flow_matching.h"
 #include "trainer/builders.h"
+#include "trainer/model_registry.h"
 #include "trainer/telemetry/memory_stats.h"
 #include "trainer/trainer.h"
 
@@ -83,7 +84,6 @@ BenchReport run_benchmark(Config config, const BenchOptions& o) {
   };
   Trainer trainer(config, hooks);
   const c10::Device device = trainer.device();
-  const auto dit = dit_options(config.model);
   trainer.run();
 
   r.device = device.str();
@@ -92,11 +92,11 @@ BenchReport run_benchmark(Config config, const BenchOptions& o) {
   r.rank = trainer.rank();
   r.world = trainer.world();
   r.batch = config.data.batch_size;
-  r.tokens_per_sample = dit.num_tokens();
+  r.tokens_per_sample = trainer.model().tokens_per_sample();
   r.steps = o.steps;
   r.warmup = o.warmup;
-  r.params_m = models::count_parameters(*trainer.model()) / 1e6;
-  r.train_gflop_per_sample = models::dit_train_flops_per_sample(dit) / 1e9;
+  r.params_m = models::count_parameters(trainer.model()) / 1e6;
+  r.train_gflop_per_sample = trainer.model().train_flops_per_sample() / 1e9;
   r.step_time_median_s = quantile(step_times, 0.5);
   r.step_time_p10_s = quantile(step_times, 0.1);
   r.step_time_p90_s = quantile(step_times, 0.9);
@@ -196,19 +196,24 @@ std::string BenchReport::table_lines() const {
 double write_parity_dump(const Config& c, const std::string& path) {
   // Exactly the trainer's first micro-batch: same initialisation seed, same first batch of the
   // loader, same per-step generator (trainer.cpp: Trainer::train_step).
+  if (c.model.arch != "dit")
+    throw ConfigError("--parity-dump: bench/pytorch_peer.py implements model.arch dit only, not '" + c.model.arch + "'");
   at::manual_seed(static_cast<uint64_t>(c.run.seed));
-  models::DiT model = build_model(c.model);
+  const ModelFamily& family = model_family(c.model.arch);
+  const auto model = std::dynamic_pointer_cast<models::DiTImpl>(family.build(c.model));
   auto dataset = build_dataset(c);
   data::LoaderOptions lo = loader_options(c);
   lo.workers = 0;  // the stream does not depend on the worker count
   data::Loader loader(dataset, lo);
   data::Batch batch = loader.next();
   const int64_t micro = batch.images.size(0) / c.train.grad_accum;
-  at::Tensor x0 = batch.images.narrow(0, 0, micro), labels = batch.labels.narrow(0, 0, micro);
+  at::Tensor x0 = batch.images.narrow(0, 0, micro);
   const models::TimestepSampler ts = timestep_sampler(c.flow);
-  models::FlowMatchingDraw draw = draw_step_inputs(c, ts, x0, labels, /*step=*/0, /*first_row=*/0);
-  models::VelocityFn velocity = [&](const at::Tensor& x, const at::Tensor& t, const at::Tensor& y) {
-    return model->forward(x, t, y);
+  models::FlowMatchingDraw draw = draw_step_inputs(c, ts, model->conditioning_dropout(), x0,
+                                                   family.class_conditioning(batch.labels).rows(0, micro),
+                                                   /*step=*/0, /*first_row=*/0);
+  models::VelocityFn velocity = [&](const at::Tensor& x, const at::Tensor& t, const models::Conditioning& cond) {
+    return model->forward(x, t, cond);
   };
   at::Tensor loss;
   {
@@ -218,11 +223,11 @@ double write_parity_dump(const Config& c, const std::string& path) {
   data::NamedTensors out;
   for (const auto& p : model->named_parameters()) out.emplace_back("model." + p.key(), p.value().detach());
   out.emplace_back("x0", x0);
-  out.emplace_back("labels", draw.labels);
+  out.emplace_back("labels", draw.cond.at("labels"));
   out.emplace_back("t", draw.t);
   out.emplace_back("noise", draw.noise);
   out.emplace_back("loss", loss);
-  const auto o = dit_options(c.model);
+  const auto& o = model->options;
   data::write_safetensors(path, out,
                           {{"hidden", std::to_string(o.hidden)},
                            {"depth", std::to_string(o.depth)},
