@@ -38,6 +38,10 @@ at::Tensor linear_forward(const torch::nn::Linear& layer, const at::Tensor& x) {
   return at::linear(x, layer->weight, layer->bias);
 }
 
+at::Tensor gelu_tanh(const at::Tensor& x) {
+  return cpu_fused::supports_gelu_tanh(x) ? cpu_fused::gelu_tanh(x) : at::gelu(x, "tanh");
+}
+
 at::Tensor modulate(const at::Tensor& x, const at::Tensor& shift, const at::Tensor& scale) {
   return x * (1 + scale.unsqueeze(1)) + shift.unsqueeze(1);
 }
@@ -146,7 +150,7 @@ MlpImpl::MlpImpl(int64_t hidden, int64_t mlp_hidden) {
 
 at::Tensor MlpImpl::forward(const at::Tensor& x) {
   const at::Tensor h = linear_forward(fc1, x);
-  return linear_forward(fc2, cpu_fused::supports_gelu_tanh(h) ? cpu_fused::gelu_tanh(h) : at::gelu(h, "tanh"));
+  return linear_forward(fc2, gelu_tanh(h));
 }
 
 }  // namespace flowtrain::models

@@ -42,6 +42,10 @@ torch::nn::Linear make_linear(int64_t in_features, int64_t out_features, bool bi
 // inputs of more than 2 dims: an extra pass over the output, and a reduction for ∂b.)
 at::Tensor linear_forward(const torch::nn::Linear& layer, const at::Tensor& x);
 
+// GELU, tanh approximation (as at::gelu(x, "tanh")): the fused CPU kernel for fp32 CPU tensors
+// when the CPU has AVX2+FMA (models/kernels/cpu_fused.h), else ATen.
+at::Tensor gelu_tanh(const at::Tensor& x);
+
 // x·(1 + scale) + shift, with per-sample shift/scale [B, D] broadcast over tokens [B, N, D].
 at::Tensor modulate(const at::Tensor& x, const at::Tensor& shift, const at::Tensor& scale);
 

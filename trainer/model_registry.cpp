@@ -2,7 +2,122 @@
 
 #include <fmt/format.h>
 
+#include <numeric>
+#include <sstream>
+
 namespace flowtrain::trainer {
+
+namespace {
+
+void check_common(const ModelConfig& model) {
+  const int64_t hidden = model.resolved_hidden();
+  const int64_t heads = model.resolved_heads();
+  auto hidden_text = "'model.hidden' (" + std::to_string(hidden) + (model.hidden > 0 ? "" : ", from model.size") + ")";
+  if (hidden % heads != 0)
+    throw ConfigError(hidden_text + " must be divisible by 'model.heads' (" + std::to_string(heads) +
+                      (model.heads > 0 ? "" : ", from model.size") + ")");
+  if (model.image_size % model.patch != 0)
+    throw ConfigError("'model.image_size' (" + std::to_string(model.image_size) + ") must be divisible by 'model.patch' (" +
+                      std::to_string(model.patch) + ")");
+}
+
+// ---- DiT ------------------------------------------------------------------------------------
+
+ModelPreset dit_preset(const std::string& size) {
+  try {
+    const models::DiTOptions o = models::dit_size(size);
+    return {o.hidden, o.depth, o.heads};
+  } catch (const std::invalid_argument&) {
+    throw ConfigError(fmt::format("'model.size' '{}' is not a DiT size (one of {})", size,
+                                  fmt::join(models::dit_size_names(), "|")));
+  }
+}
+
+void validate_dit(const ModelConfig& model) {
+  check_common(model);
+  if (model.resolved_hidden() % 4 != 0)
+    throw ConfigError("'model.hidden' (" + std::to_string(model.resolved_hidden()) +
+                      ") must be divisible by 4 (the 2-D sin-cos position table splits it in four)");
+}
+
+std::shared_ptr<models::DiffusionModel> build_dit(const ModelConfig& model) {
+  auto dit = std::make_shared<models::DiTImpl>(dit_options(model));
+  dit->class_dropout = model.class_dropout;
+  return dit;
+}
+
+ModelCost dit_cost(const ModelConfig& model) {
+  const models::DiTOptions o = dit_options(model);
+  const models::DiTImpl dit(o);  // DiT's sizes fit a machine (XL/2: 675M parameters)
+  return {models::count_parameters(dit), models::dit_train_flops_per_sample(o), o.num_tokens()};
+}
+
+// ---- Flux -----------------------------------------------------------------------------------
+
+ModelPreset flux_preset(const std::string& size) {
+  try {
+    const models::FluxOptions o = models::flux_size(size);
+    return {o.hidden, o.depth, o.heads};
+  } catch (const std::invalid_argument&) {
+    throw ConfigError(fmt::format("'model.size' '{}' is not a Flux size (one of {})", size,
+                                  fmt::join(models::flux_size_names(), "|")));
+  }
+}
+
+std::vector<int64_t> parse_axes(const std::string& text) {
+  std::vector<int64_t> axes;
+  std::stringstream in(text);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    try {
+      size_t used = 0;
+      const int64_t v = std::stoll(item, &used);
+      if (used != item.size() || v <= 0 || v % 2) throw std::invalid_argument(item);
+      axes.push_back(v);
+    } catch (const std::exception&) {
+      throw ConfigError(fmt::format("'model.axes_dim' must be comma-separated positive even integers "
+                                    "(e.g. 16,56,56), got '{}'",
+                                    text));
+    }
+  }
+  return axes;
+}
+
+void validate_flux(const ModelConfig& model) {
+  check_common(model);
+  const models::FluxOptions o = flux_options(model);
+  const int64_t sum = std::accumulate(o.axes_dim.begin(), o.axes_dim.end(), int64_t{0});
+  if (sum != o.head_dim())
+    throw ConfigError(fmt::format("'model.axes_dim' ({}{}) must sum to the head dim {} (model.hidden {} / model.heads {})",
+                                  fmt::join(o.axes_dim, ","), model.axes_dim.empty() ? ", from model.size" : "",
+                                  o.head_dim(), o.hidden, o.heads));
+  if (o.axes_dim.size() != 3)
+    throw ConfigError(fmt::format("'model.axes_dim' needs one entry per id axis (time/index, row, column): 3, got {}",
+                                  o.axes_dim.size()));
+}
+
+std::shared_ptr<models::DiffusionModel> build_flux(const ModelConfig& model) {
+  auto flux = std::make_shared<models::FluxImpl>(flux_options(model));
+  flux->text_dropout = model.text_dropout;
+  return flux;
+}
+
+ModelCost flux_cost(const ModelConfig& model) {
+  const models::FluxOptions o = flux_options(model);
+  return {models::flux_parameter_count(o), 3.0 * models::flux_forward_flops_per_sample(o),
+          o.image_tokens() + o.text_len};
+}
+
+const std::vector<ModelFamily>& families() {
+  static const std::vector<ModelFamily> all = {
+      {"dit", models::dit_size_names(), dit_preset, validate_dit, build_dit, dit_cost,
+       [](const at::Tensor& labels) { return models::Conditioning{{"labels", labels}}; }},
+      {"flux", models::flux_size_names(), flux_preset, validate_flux, build_flux, flux_cost, nullptr},
+  };
+  return all;
+}
+
+}  // namespace
 
 models::DiTOptions dit_options(const ModelConfig& m) {
   models::DiTOptions o;
@@ -18,37 +133,23 @@ models::DiTOptions dit_options(const ModelConfig& m) {
   return o;
 }
 
-namespace {
-
-void validate_dit(const ModelConfig& model) {
-  const int64_t hidden = model.resolved_hidden();
-  const int64_t heads = model.resolved_heads();
-  auto hidden_text = "'model.hidden' (" + std::to_string(hidden) + (model.hidden > 0 ? "" : ", from model.size") + ")";
-  if (hidden % heads != 0)
-    throw ConfigError(hidden_text + " must be divisible by 'model.heads' (" + std::to_string(heads) +
-                      (model.heads > 0 ? "" : ", from model.size") + ")");
-  if (hidden % 4 != 0)
-    throw ConfigError(hidden_text + " must be divisible by 4 (the 2-D sin-cos position table splits it in four)");
-  if (model.image_size % model.patch != 0)
-    throw ConfigError("'model.image_size' (" + std::to_string(model.image_size) + ") must be divisible by 'model.patch' (" +
-                      std::to_string(model.patch) + ")");
+models::FluxOptions flux_options(const ModelConfig& m) {
+  models::FluxOptions o = models::flux_size(m.size);  // validated by flux_preset first
+  o.in_channels = m.in_channels;
+  o.patch = m.patch;
+  o.input_size = m.image_size;
+  o.hidden = m.resolved_hidden();
+  o.depth = m.resolved_depth();
+  o.heads = m.resolved_heads();
+  if (m.depth_single > 0) o.depth_single = m.depth_single;
+  if (m.context_dim > 0) o.context_dim = m.context_dim;
+  if (m.vec_dim > 0) o.vec_dim = m.vec_dim;
+  if (!m.axes_dim.empty()) o.axes_dim = parse_axes(m.axes_dim);
+  o.theta = m.theta;
+  o.mlp_ratio = m.mlp_ratio;
+  o.text_len = m.text_len;
+  return o;
 }
-
-std::shared_ptr<models::DiffusionModel> build_dit(const ModelConfig& model) {
-  auto dit = std::make_shared<models::DiTImpl>(dit_options(model));
-  dit->class_dropout = model.class_dropout;
-  return dit;
-}
-
-const std::vector<ModelFamily>& families() {
-  static const std::vector<ModelFamily> all = {
-      {"dit", validate_dit, build_dit,
-       [](const at::Tensor& labels) { return models::Conditioning{{"labels", labels}}; }},
-  };
-  return all;
-}
-
-}  // namespace
 
 std::vector<std::string> model_arch_names() {
   std::vector<std::string> names;
@@ -56,10 +157,26 @@ std::vector<std::string> model_arch_names() {
   return names;
 }
 
+std::vector<std::string> model_size_names() {
+  std::vector<std::string> names;
+  for (const auto& f : families()) names.insert(names.end(), f.sizes.begin(), f.sizes.end());
+  return names;
+}
+
 const ModelFamily& model_family(const std::string& arch) {
   for (const auto& f : families())
     if (f.arch == arch) return f;
   throw ConfigError(fmt::format("'model.arch' must be one of {}, got '{}'", fmt::join(model_arch_names(), "|"), arch));
+}
+
+ModelPreset model_preset(const ModelConfig& model) { return model_family(model.arch).preset(model.size); }
+
+const ModelFamily::ClassConditioning& class_conditioning_of(const ModelFamily& family, const Config& config) {
+  if (!family.class_conditioning)
+    throw ConfigError(fmt::format("'model.arch' {} is conditioned on text, and data.source '{}' provides class labels "
+                                  "only (text data — captions or precomputed embeddings — are not supported yet)",
+                                  family.arch, config.data.source));
+  return family.class_conditioning;
 }
 
 std::shared_ptr<models::DiffusionModel> build_model(const ModelConfig& model) {

@@ -100,6 +100,7 @@ Trainer::Trainer(Config config, TrainerHooks hooks) : config_(std::move(config))
   // identical on every rank. Built before the run directory: its shape decides the checks below.
   at::manual_seed(static_cast<uint64_t>(config_.run.seed));
   family_ = &model_family(config_.model.arch);
+  class_conditioning_ = class_conditioning_of(*family_, config_);
   std::shared_ptr<models::DiffusionModel> model = family_->build(config_.model);
   const std::string cp_attention = config_.parallel.cp > 1 ? context_attention_kind(config_, *model) : "";
   if (config_.eval.every > 0) check_eval_config(config_, *model);  // every rank, up front
@@ -268,7 +269,7 @@ Trainer::StepResult Trainer::train_step() {
   StepResult r{at::zeros({}, at::TensorOptions().dtype(at::kFloat).device(device_)), {}, {}, seconds_since(t_data)};
   // From pinned memory on CUDA: asynchronous copies, ordered before the step's kernels on the stream.
   at::Tensor images = batch.images.to(device_, /*non_blocking=*/true);
-  const models::Conditioning cond = family_->class_conditioning(batch.labels).to(device_, /*non_blocking=*/true);
+  const models::Conditioning cond = class_conditioning_(batch.labels).to(device_, /*non_blocking=*/true);
   const int64_t micro = images.size(0) / accum;
   const int64_t first_row = dp_rank_ * images.size(0);  // this rank's rows of the global batch
 
@@ -363,7 +364,7 @@ void Trainer::write_samples() {
   at::Tensor samples;
   state_->with_sampling_model([&](const models::VelocityFn& velocity) {  // under FSDP: every rank
     samples = sample_rows_on_all_ranks(config_.sample.num, [&](int64_t first, int64_t count) {
-      return generate_samples(velocity, state_->model(), family_->class_conditioning, config_.sample, config_.flow,
+      return generate_samples(velocity, state_->model(), class_conditioning_, config_.sample, config_.flow,
                               dataset_->num_classes, device_, first, count);
     });
   });
@@ -386,7 +387,7 @@ void Trainer::evaluate() {
   at::Tensor samples;
   state_->with_sampling_model([&](const models::VelocityFn& velocity) {
     samples = sample_rows_on_all_ranks(config_.eval.num, [&](int64_t first, int64_t count) {
-      return generate_eval_samples(velocity, state_->model(), family_->class_conditioning, config_, device_, first,
+      return generate_eval_samples(velocity, state_->model(), class_conditioning_, config_, device_, first,
                                    count);
     });
   });

@@ -89,7 +89,9 @@ TEST(ConfigTest, ReadsEveryTypeFromFile) {
 TEST(ConfigTest, AllKeysListsEverySettingInFileOrder) {
   const std::vector<std::string> expected = {
       "run.name", "run.out_dir", "run.seed", "run.device",
-      "model.arch", "model.size", "model.hidden", "model.depth", "model.heads", "model.patch", "model.image_size",
+      "model.arch", "model.size", "model.hidden", "model.depth", "model.heads", "model.depth_single",
+      "model.context_dim", "model.vec_dim", "model.axes_dim", "model.theta", "model.text_len", "model.text_dropout",
+      "model.patch", "model.image_size",
       "model.in_channels", "model.num_classes", "model.class_dropout", "model.learn_sigma", "model.mlp_ratio",
       "flow.timesteps", "flow.logit_mean", "flow.logit_std", "flow.shift",
       "data.source", "data.path", "data.batch_size", "data.workers", "data.prefetch",
@@ -324,6 +326,13 @@ Config everything_changed() {
   c.model.class_dropout = 0.15;
   c.model.learn_sigma = true;
   c.model.mlp_ratio = 2.5;
+  c.model.depth_single = 3;
+  c.model.context_dim = 48;
+  c.model.vec_dim = 24;
+  c.model.axes_dim = "8,4,4";
+  c.model.theta = 500;
+  c.model.text_len = 7;
+  c.model.text_dropout = 0.2;
   c.flow = {"uniform", -0.3, 0.7, 3.0};
   c.data = {"synthetic", "", 96, 0, 2};
   c.optim = {3e-4, 0.8, 0.95, 1e-6, 0.01, 50, "cosine", 0.1, 0.0};
@@ -401,7 +410,10 @@ TEST(ConfigTest, ExplicitDimensionsOverrideTheSize) {
 }
 
 TEST(ConfigTest, UnknownSizeIsRejected) {
-  EXPECT_EQ(parse_error("model:\n  size: M\n"), "cfg.yaml:2: 'model.size' must be one of tiny|S|B|L|XL, got 'M'");
+  EXPECT_EQ(parse_error("model:\n  size: M\n"), "cfg.yaml:2: 'model.size' must be one of tiny|S|B|L|XL|flux-dev|flux-schnell|flux-small|flux-tiny, got 'M'");
+  // A size of another family: the family's own check names it.
+  EXPECT_EQ(parse_error("model:\n  size: flux-dev\n"),
+            "cfg.yaml: 'model.size' 'flux-dev' is not a DiT size (one of tiny|S|B|L|XL)");
 }
 
 // ------------------------------------------------------------------------------------------
@@ -460,13 +472,13 @@ TEST(ConfigValidateTest, ChoicesAreCheckedForConfigsBuiltInCode) {
   EXPECT_EQ(validate_error(c), "'run.device' must be one of auto|cpu|cuda, got 'tpu'");
   c = Config{};
   c.model.arch = "unet";
-  EXPECT_EQ(validate_error(c), "'model.arch' must be one of dit, got 'unet'");
+  EXPECT_EQ(validate_error(c), "'model.arch' must be one of dit|flux, got 'unet'");
   c = Config{};
   c.data.source = "imagenet";
   EXPECT_EQ(validate_error(c), "'data.source' must be one of fashion_mnist|synthetic, got 'imagenet'");
   c = Config{};
   c.model.size = "M";
-  EXPECT_EQ(validate_error(c), "'model.size' must be one of tiny|S|B|L|XL, got 'M'");
+  EXPECT_EQ(validate_error(c), "'model.size' must be one of tiny|S|B|L|XL|flux-dev|flux-schnell|flux-small|flux-tiny, got 'M'");
   c = Config{};
   c.optim.lr = 2;
   EXPECT_EQ(validate_error(c), "'optim.lr' must be in (0, 1], got 2.0");
@@ -501,6 +513,25 @@ TEST(ConfigTest, ContextParallelAttentionFollowsTheModelsTokensAndHeads) {
     context_attention_kind(c, *build_model(c.model));
   });
   EXPECT_NE(tokens.find("'parallel.cp' 2 does not split the model's 49 tokens"), std::string::npos) << tokens;
+}
+
+TEST(ConfigTest, FluxSizesReportTheirCostWithoutBuildingAndNeedTextData) {
+  // `flowtrain config` reports FLUX.1's size from the config alone (flux-dev is 47 GB in fp32).
+  const Config dev = parse_config("", "cfg.yaml",
+                                  {"model.arch=flux", "model.size=flux-dev", "model.in_channels=16", "model.patch=2",
+                                   "model.image_size=64", "model.hidden=0", "model.depth=0", "model.heads=0"});
+  const ModelCost cost = model_family("flux").cost(dev.model);
+  EXPECT_EQ(cost.parameters, 11901408320);                  // the reference's count (tests/unit/test_flux.cpp)
+  EXPECT_EQ(cost.tokens_per_sample, (64 / 2) * (64 / 2) + 512);  // image + text tokens
+  // The axes must split the head dim: flux-tiny's head dim 32 is not 16+56+56.
+  EXPECT_NE(error_of([] {
+              parse_config("", "cfg.yaml", {"model.arch=flux", "model.size=flux-tiny", "model.axes_dim=16,56,56"});
+            }).find("'model.axes_dim' (16,56,56) must sum to the head dim 32"),
+            std::string::npos);
+  // A text-conditioned family on a labelled data set: one error naming both keys.
+  const std::string text = error_of([&] { class_conditioning_of(model_family("flux"), dev); });
+  EXPECT_NE(text.find("'model.arch' flux is conditioned on text, and data.source 'fashion_mnist'"), std::string::npos)
+      << text;
 }
 
 }  // namespace

@@ -48,11 +48,11 @@ struct ConfigArgs {
 
 int cmd_config(const ConfigArgs& args) {
   trainer::Config c = args.load();
-  const auto model = trainer::build_model(c.model);
+  const trainer::ModelCost cost = trainer::model_family(c.model.arch).cost(c.model);
   std::printf("# resolved config of %s\n", c.source_path.c_str());
-  std::printf("# model: %.3fM parameters, %.4f GFLOP per training sample (3x forward; %ld tokens)\n",
-              models::count_parameters(*model) / 1e6, model->train_flops_per_sample() / 1e9,
-              static_cast<long>(model->tokens_per_sample()));
+  std::printf("# model: %.3fM parameters (%.2fB), %.4f GFLOP per training sample (3x forward; %ld tokens)\n",
+              cost.parameters / 1e6, cost.parameters / 1e9, cost.train_flops_per_sample / 1e9,
+              static_cast<long>(cost.tokens_per_sample));
   std::printf("%s\n", trainer::to_yaml(c).c_str());
   return 0;
 }
@@ -80,7 +80,7 @@ int cmd_sample(const ConfigArgs& args, const std::string& checkpoint, std::strin
     models::VelocityFn velocity = [&](const at::Tensor& x, const at::Tensor& t, const models::Conditioning& cond) {
       return model->forward(x, t, cond);
     };
-    samples = trainer::generate_samples(velocity, *model, family.class_conditioning, c.sample, c.flow,
+    samples = trainer::generate_samples(velocity, *model, trainer::class_conditioning_of(family, c), c.sample, c.flow,
                                         c.model.num_classes, device);
   }
   // One column per class of the data set when the model has more class slots than shown.

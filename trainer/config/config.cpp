@@ -3,7 +3,6 @@
 // emitted, or emitted but not validated.
 #include "trainer/config/config.h"
 
-#include "models/dit/dit.h"
 #include "trainer/model_registry.h"
 
 #include <yaml-cpp/yaml.h>
@@ -40,13 +39,6 @@ std::string join(const std::vector<std::string>& items, const std::string& sep) 
   return out;
 }
 
-models::DiTOptions size_preset(const std::string& size) {
-  try {
-    return models::dit_size(size);
-  } catch (const std::invalid_argument&) {
-    throw ConfigError("'model.size' must be one of " + join(models::dit_size_names(), "|") + ", got '" + size + "'");
-  }
-}
 
 // ---------------------------------------------------------------------------------------------
 // Number formatting: shortest representation that parses back to the same double, so that
@@ -200,10 +192,21 @@ std::vector<Section> build_schema() {
 
   s.push_back(section("model", &Config::model)
                   .add("arch", &ModelConfig::arch, one_of(model_arch_names()), "model family")
-                  .add("size", &ModelConfig::size, one_of(models::dit_size_names()), "preset for hidden/depth/heads")
+                  .add("size", &ModelConfig::size, one_of(model_size_names()), "preset for hidden/depth/heads")
                   .add("hidden", &ModelConfig::hidden, at_least(0), "width; 0 = from size")
-                  .add("depth", &ModelConfig::depth, at_least(0), "transformer blocks; 0 = from size")
+                  .add("depth", &ModelConfig::depth, at_least(0), "transformer blocks (flux: double-stream); 0 = from size")
                   .add("heads", &ModelConfig::heads, at_least(0), "attention heads; 0 = from size")
+                  .add("depth_single", &ModelConfig::depth_single, at_least(0),
+                       "flux: single-stream blocks; 0 = from size")
+                  .add("context_dim", &ModelConfig::context_dim, at_least(0),
+                       "flux: text token embedding width; 0 = from size")
+                  .add("vec_dim", &ModelConfig::vec_dim, at_least(0), "flux: pooled text vector width; 0 = from size")
+                  .add("axes_dim", &ModelConfig::axes_dim, any(),
+                       "flux: RoPE channels per id axis, e.g. 16,56,56; empty = from size")
+                  .add("theta", &ModelConfig::theta, above(0), "flux: RoPE base")
+                  .add("text_len", &ModelConfig::text_len, at_least(1), "flux: text tokens per sample")
+                  .add("text_dropout", &ModelConfig::text_dropout, range("[)", 0, 1),
+                       "flux: probability each text input is zeroed in training (classifier-free guidance)")
                   .add("patch", &ModelConfig::patch, at_least(1), "patch side; must divide image_size")
                   .add("image_size", &ModelConfig::image_size, at_least(1), "input side (pixels or latent cells)")
                   .add("in_channels", &ModelConfig::in_channels, at_least(1), "input channels")
@@ -565,9 +568,9 @@ bool needs_quotes(const std::string& s) {
 
 // ---------------------------------------------------------------------------------------------
 
-int64_t ModelConfig::resolved_hidden() const { return hidden > 0 ? hidden : size_preset(size).hidden; }
-int64_t ModelConfig::resolved_depth() const { return depth > 0 ? depth : size_preset(size).depth; }
-int64_t ModelConfig::resolved_heads() const { return heads > 0 ? heads : size_preset(size).heads; }
+int64_t ModelConfig::resolved_hidden() const { return hidden > 0 ? hidden : model_preset(*this).hidden; }
+int64_t ModelConfig::resolved_depth() const { return depth > 0 ? depth : model_preset(*this).depth; }
+int64_t ModelConfig::resolved_heads() const { return heads > 0 ? heads : model_preset(*this).heads; }
 
 void Config::validate() const {
   // Per-key checks first: a Config built in code never went through the parser.

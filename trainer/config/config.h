@@ -27,11 +27,18 @@ struct RunConfig {
 };
 
 struct ModelConfig {
-  std::string arch = "dit";     // dit (flux, video later)
-  std::string size = "S";       // tiny | S | B | L | XL; hidden/depth/heads > 0 override it
+  std::string arch = "dit";     // dit | flux (trainer/model_registry.h)
+  std::string size = "S";       // dit: tiny | S | B | L | XL; flux: flux-dev | flux-schnell | flux-small | flux-tiny
   int64_t hidden = 0;           // 0 = from size
-  int64_t depth = 0;            // 0 = from size
+  int64_t depth = 0;            // 0 = from size (flux: double-stream blocks)
   int64_t heads = 0;            // 0 = from size
+  int64_t depth_single = 0;     // flux: single-stream blocks; 0 = from size
+  int64_t context_dim = 0;      // flux: text token embedding width; 0 = from size
+  int64_t vec_dim = 0;          // flux: pooled text vector width; 0 = from size
+  std::string axes_dim;         // flux: RoPE channels per id axis, "16,56,56"; "" = from size
+  double theta = 10000.0;       // flux: RoPE base
+  int64_t text_len = 512;       // flux: text tokens per sample
+  double text_dropout = 0.1;    // flux: probability each text input is zeroed (SD3-style)
   int64_t patch = 2;            // 2 | 4 | 8 (any divisor of image_size is accepted)
   int64_t image_size = 32;      // input side (pixels or latent cells)
   int64_t in_channels = 4;
@@ -40,7 +47,7 @@ struct ModelConfig {
   bool learn_sigma = false;     // true: output 2·C channels as the original DiT (second half unused)
   double mlp_ratio = 4.0;
 
-  // Resolved from size unless given explicitly.
+  // Resolved from the family's size preset unless given explicitly (trainer/model_registry.h).
   int64_t resolved_hidden() const;
   int64_t resolved_depth() const;
   int64_t resolved_heads() const;

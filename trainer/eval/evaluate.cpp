@@ -218,7 +218,7 @@ QualityReport evaluate_checkpoint(const Config& config, const std::string& check
   load_state_dict(*model, use_ema ? checkpoint.ema : checkpoint.model, source);
   model->to(device);
   spdlog::info("eval: {} weights of {} (step {})", use_ema ? "EMA" : "raw", checkpoint_dir, checkpoint.progress.step);
-  QualityReport report = evaluate_model(*model, family.class_conditioning, c, device);
+  QualityReport report = evaluate_model(*model, class_conditioning_of(family, c), c, device);
   write_file_atomic((std::filesystem::path(checkpoint_dir) / "eval.json").string(), report.to_json() + "\n");
   return report;
 }
