@@ -1,5 +1,7 @@
 #include "models/layers.h"
 
+#include <torch/nn/init.h>
+
 #include <torch/nn/modules/activation.h>
 
 #include "models/kernels/cpu_fused.h"
@@ -36,6 +38,16 @@ torch::nn::Linear make_linear(int64_t in_features, int64_t out_features, bool bi
 
 at::Tensor linear_forward(const torch::nn::Linear& layer, const at::Tensor& x) {
   return at::linear(x, layer->weight, layer->bias);
+}
+
+void xavier_init_linears(torch::nn::Module& model) {
+  at::NoGradGuard no_grad;
+  for (const auto& module : model.modules(/*include_self=*/false)) {
+    if (auto* linear = module->as<torch::nn::Linear>()) {
+      torch::nn::init::xavier_uniform_(linear->weight);
+      if (linear->bias.defined()) torch::nn::init::zeros_(linear->bias);
+    }
+  }
 }
 
 at::Tensor gelu_tanh(const at::Tensor& x) {

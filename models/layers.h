@@ -35,6 +35,10 @@ at::Tensor math_attention(const at::Tensor& q, const at::Tensor& k, const at::Te
 // Every linear layer of a model is created here, so that one setting (fp8 training, a later
 // issue) can switch the implementation of all of them in one place.
 torch::nn::Linear make_linear(int64_t in_features, int64_t out_features, bool bias = true);
+// xavier_uniform on every Linear's weight and zero biases, in module order (the DiT reference's
+// _basic_init; Flux's from-scratch initialisation starts the same way). Draws from the global
+// CPU generator.
+void xavier_init_linears(torch::nn::Module& model);
 
 // layer(x) = x·Wᵀ + b through at::linear, as torch.nn.functional.linear: tokens [B, N, in] are
 // flattened into one addmm with the bias. (torch::nn::Linear::forward goes through the C++

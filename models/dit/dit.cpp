@@ -88,12 +88,7 @@ void DiTImpl::initialize_weights() {
   namespace init = torch::nn::init;
   at::NoGradGuard no_grad;
   // 1. xavier_uniform on every Linear, zero biases (the reference's _basic_init, module order).
-  for (const auto& module : modules(/*include_self=*/false)) {
-    if (auto* linear = module->as<torch::nn::Linear>()) {
-      init::xavier_uniform_(linear->weight);
-      if (linear->bias.defined()) init::zeros_(linear->bias);
-    }
-  }
+  xavier_init_linears(*this);
   // 2. Fixed sin-cos position table.
   pos_embed.copy_(sincos_pos_embed_2d(options.hidden, options.grid()).unsqueeze(0));
   // 3. Patch embedding like a Linear: xavier on the weight viewed as [D, C·p·p].

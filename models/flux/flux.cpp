@@ -264,12 +264,7 @@ FluxImpl::FluxImpl(const FluxOptions& o, AttentionFn attention) : options(o) {
 void FluxImpl::initialize_weights() {
   namespace init = torch::nn::init;
   at::NoGradGuard no_grad;
-  for (const auto& module : modules(/*include_self=*/false)) {
-    if (auto* linear = module->as<torch::nn::Linear>()) {
-      init::xavier_uniform_(linear->weight);
-      if (linear->bias.defined()) init::zeros_(linear->bias);
-    }
-  }
+  xavier_init_linears(*this);
   for (MlpEmbedder* e : {&time_in, &vector_in, &guidance_in}) {
     if (!*e) continue;
     init::normal_((*e)->in_layer->weight, 0.0, 0.02);
