@@ -36,9 +36,9 @@ class ShardedTrainState : public TrainState {
       : model_(std::move(model)), config_(config), runtime_(runtime) {
     parallel::Comm& shard = runtime.shard_group();
     parallel::Comm* replicate = runtime.replicate_group().size() > 1 ? &runtime.replicate_group() : nullptr;
-    fsdp_ = std::make_unique<parallel::FullyShardedModule>(*model_, model_->units(), shard, replicate,
-                                                           fsdp_options(config));
-    if (fsdp_options(config).fault != parallel::ReductionFault::None)
+    const parallel::FsdpOptions options = fsdp_options(config);
+    fsdp_ = std::make_unique<parallel::FullyShardedModule>(*model_, model_->units(), shard, replicate, options);
+    if (options.fault != parallel::ReductionFault::None)
       spdlog::warn("FLOWTRAIN_FAULT_REDUCTION is set: gradients are reduced WRONGLY on purpose (a test of the checks)");
     model_->unit_runner = [this](int64_t index, const models::UnitCall& call, const models::Tensors& inputs) {
       return fsdp_->run_unit(index, inputs, [&] { return run_unit(config_.train, index, call, inputs); });

@@ -99,9 +99,9 @@ Trainer::Trainer(Config config, TrainerHooks hooks) : config_(std::move(config))
   // The model, from its family (trainer/model_registry.h); initialised from the run seed, so
   // identical on every rank. Built before the run directory: its shape decides the checks below.
   at::manual_seed(static_cast<uint64_t>(config_.run.seed));
-  family_ = &model_family(config_.model.arch);
-  class_conditioning_ = class_conditioning_of(*family_, config_);
-  std::shared_ptr<models::DiffusionModel> model = family_->build(config_.model);
+  const ModelFamily& family = model_family(config_.model.arch);
+  class_conditioning_ = class_conditioning_of(family, config_);
+  std::shared_ptr<models::DiffusionModel> model = family.build(config_.model);
   const std::string cp_attention = config_.parallel.cp > 1 ? context_attention_kind(config_, *model) : "";
   if (config_.eval.every > 0) check_eval_config(config_, *model);  // every rank, up front
   if (distributed) {

@@ -89,8 +89,7 @@ class Trainer {
   parallel::DistEnv env_;
   std::unique_ptr<parallel::Runtime> runtime_;  // null in a single-process run
   int64_t dp_rank_ = 0, dp_size_ = 1;           // this rank's slice of each global batch
-  const ModelFamily* family_ = nullptr;  // of model.arch
-  ModelFamily::ClassConditioning class_conditioning_;  // how a batch's labels condition the model
+  ModelFamily::ClassConditioning class_conditioning_;  // of model.arch's family: how labels condition it
   std::unique_ptr<TrainState> state_;
   LrSchedule schedule_;
   models::TimestepSampler timesteps_;

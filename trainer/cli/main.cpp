@@ -12,6 +12,7 @@
 #include "trainer/builders.h"
 #include "trainer/checkpoint/checkpoint.h"
 #include "trainer/eval/classifier_cache.h"
+#include "trainer/eval/checkpoint_model.h"
 #include "trainer/eval/evaluate.h"
 #include "trainer/config/config.h"
 #include "trainer/model_registry.h"
@@ -65,14 +66,8 @@ int cmd_sample(const ConfigArgs& args, const std::string& checkpoint, std::strin
   trainer::setup_logging("");
   trainer::configure_threads(c.train);
   const c10::Device device = trainer::select_device(c.run);
-  trainer::CheckpointContents ckpt = trainer::load_checkpoint(checkpoint);
-  const trainer::ModelFamily& family = trainer::model_family(c.model.arch);
-  const auto model = family.build(c.model);
-  const bool use_ema = !raw && !ckpt.ema.empty();
-  trainer::load_state_dict(*model, use_ema ? ckpt.ema : ckpt.model,
-                           checkpoint + (use_ema ? "/ema.safetensors" : "/model.safetensors"));
-  model->to(device);
-  model->eval();
+  const trainer::CheckpointModel loaded = trainer::load_checkpoint_model(c, checkpoint, raw, device);
+  const auto& model = loaded.model;
   at::Tensor samples;
   {
     at::NoGradGuard no_grad;
@@ -80,13 +75,13 @@ int cmd_sample(const ConfigArgs& args, const std::string& checkpoint, std::strin
     models::VelocityFn velocity = [&](const at::Tensor& x, const at::Tensor& t, const models::Conditioning& cond) {
       return model->forward(x, t, cond);
     };
-    samples = trainer::generate_samples(velocity, *model, trainer::class_conditioning_of(family, c), c.sample, c.flow,
+    samples = trainer::generate_samples(velocity, *model, loaded.class_conditioning, c.sample, c.flow,
                                         c.model.num_classes, device);
   }
   // One column per class of the data set when the model has more class slots than shown.
   trainer::write_sample_grid(out, samples, std::min<int64_t>(c.model.num_classes, 10));
   spdlog::info("wrote {} ({} samples from {} weights at step {}, {} {} steps, cfg {})", out, c.sample.num,
-               use_ema ? "EMA" : "raw", ckpt.progress.step, c.sample.sampler, c.sample.steps, c.sample.cfg_scale);
+               loaded.ema ? "EMA" : "raw", loaded.step, c.sample.sampler, c.sample.steps, c.sample.cfg_scale);
   return 0;
 }
 

@@ -10,6 +10,7 @@
 #include "trainer/eval/classifier_cache.h"
 #include "trainer/checkpoint/file_util.h"
 #include "trainer/eval/quality.h"
+#include "trainer/eval/checkpoint_model.h"
 #include "trainer/eval/sample_grid.h"
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -210,15 +211,9 @@ QualityReport evaluate_checkpoint(const Config& config, const std::string& check
   Config c = config;
   if (num_override > 0) c.eval.num = num_override;
   const c10::Device device = select_device(c.run);
-  CheckpointContents checkpoint = load_checkpoint(checkpoint_dir);
-  const ModelFamily& family = model_family(c.model.arch);
-  std::shared_ptr<models::DiffusionModel> model = family.build(c.model);
-  const bool use_ema = !checkpoint.ema.empty();
-  const std::string source = (std::filesystem::path(checkpoint_dir) / (use_ema ? "ema.safetensors" : "model.safetensors")).string();
-  load_state_dict(*model, use_ema ? checkpoint.ema : checkpoint.model, source);
-  model->to(device);
-  spdlog::info("eval: {} weights of {} (step {})", use_ema ? "EMA" : "raw", checkpoint_dir, checkpoint.progress.step);
-  QualityReport report = evaluate_model(*model, class_conditioning_of(family, c), c, device);
+  const CheckpointModel loaded = load_checkpoint_model(c, checkpoint_dir, /*raw=*/false, device);
+  spdlog::info("eval: {} weights of {} (step {})", loaded.ema ? "EMA" : "raw", checkpoint_dir, loaded.step);
+  QualityReport report = evaluate_model(*loaded.model, loaded.class_conditioning, c, device);
   write_file_atomic((std::filesystem::path(checkpoint_dir) / "eval.json").string(), report.to_json() + "\n");
   return report;
 }

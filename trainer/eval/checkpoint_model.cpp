@@ -1,0 +1,26 @@
+#include "trainer/eval/checkpoint_model.h"
+
+#include "trainer/checkpoint/checkpoint.h"
+
+#include <filesystem>
+
+namespace flowtrain::trainer {
+
+CheckpointModel load_checkpoint_model(const Config& config, const std::string& checkpoint_dir, bool raw,
+                                      const c10::Device& device) {
+  const ModelFamily& family = model_family(config.model.arch);
+  CheckpointModel out;
+  out.class_conditioning = class_conditioning_of(family, config);
+  const CheckpointContents checkpoint = load_checkpoint(checkpoint_dir);
+  out.model = family.build(config.model);
+  out.ema = !raw && !checkpoint.ema.empty();
+  out.step = checkpoint.progress.step;
+  const std::string source =
+      (std::filesystem::path(checkpoint_dir) / (out.ema ? "ema.safetensors" : "model.safetensors")).string();
+  load_state_dict(*out.model, out.ema ? checkpoint.ema : checkpoint.model, source);
+  out.model->to(device);
+  out.model->eval();
+  return out;
+}
+
+}  // namespace flowtrain::trainer

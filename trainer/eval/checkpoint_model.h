@@ -1,0 +1,29 @@
+// The model of a checkpoint, ready to sample from: what `flowtrain sample` and `flowtrain eval`
+// both need (built by its family, the EMA weights unless absent or not wanted, on the device).
+#pragma once
+
+#include "models/model.h"
+#include "trainer/config/config.h"
+#include "trainer/model_registry.h"
+
+#include <c10/core/Device.h>
+
+#include <memory>
+#include <string>
+
+namespace flowtrain::trainer {
+
+struct CheckpointModel {
+  std::shared_ptr<models::DiffusionModel> model;  // in eval mode, on the device
+  ModelFamily::ClassConditioning class_conditioning;
+  bool ema = false;  // which weights were loaded
+  int64_t step = 0;  // the checkpoint's step
+};
+
+// Builds config.model's family, checks it can be conditioned on this data set's classes (before
+// reading the checkpoint), loads the checkpoint's EMA weights — the raw ones when it has no EMA or
+// `raw` is set — strictly (names and shapes; errors name the file) and moves the model to `device`.
+CheckpointModel load_checkpoint_model(const Config& config, const std::string& checkpoint_dir, bool raw,
+                                      const c10::Device& device);
+
+}  // namespace flowtrain::trainer
