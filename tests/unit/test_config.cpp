@@ -2,6 +2,7 @@
 // line, or the --set), which key, and what was allowed; good input round-trips through to_yaml.
 #include "trainer/builders.h"
 #include "trainer/model_registry.h"
+#include "trainer/run_conditioning.h"
 #include "trainer/config/config.h"
 
 #include <gtest/gtest.h>
@@ -529,7 +530,7 @@ TEST(ConfigTest, FluxSizesReportTheirCostWithoutBuildingAndNeedTextData) {
             }).find("'model.axes_dim' (16,56,56) must sum to the head dim 32"),
             std::string::npos);
   // A text-conditioned family on a labelled data set: one error naming both keys.
-  const std::string text = error_of([&] { class_conditioning_of(model_family("flux"), dev); });
+  const std::string text = error_of([&] { run_conditioning(dev, nullptr); });
   EXPECT_NE(text.find("'model.arch' flux is conditioned on text, and data.source 'fashion_mnist'"), std::string::npos)
       << text;
 }
