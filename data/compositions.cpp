@@ -245,7 +245,8 @@ at::Tensor render_composition(const std::vector<CompositionObject>& objects, con
 // ---- the data set ------------------------------------------------------------------------------
 
 void make_compositions(const CompositionsOptions& o) {
-  const fs::path out(o.out_dir);
+  fs::path out(o.out_dir);
+  if (!out.has_filename()) out = out.parent_path();  // "DIR/": the staging directory goes beside DIR, not in it
   if (fs::exists(out)) throw DataError(fmt::format("{}: already exists (choose a new --out)", o.out_dir));
   if (o.num_train < 1 || o.num_eval < 1) throw DataError("make-compositions: --num-train and --num-eval must be >= 1");
   const ImageDataset train = load_fashion_mnist(o.fashion_dir, "train");
@@ -265,8 +266,10 @@ void make_compositions(const CompositionsOptions& o) {
   fs::create_directories(tmp);
   try {
     std::string captions, train_jsonl, eval_jsonl, eval_txt;
+    std::vector<std::string> caption_lines;
     for (const auto& c : train_items) {
       captions += c.caption + "\n";
+      caption_lines.push_back(c.caption);
       train_jsonl += composition_json(c) + "\n";
     }
     for (const auto& c : eval_items) {
@@ -279,7 +282,7 @@ void make_compositions(const CompositionsOptions& o) {
     write_text(tmp / "eval_prompts.txt", eval_txt);
     write_safetensors((tmp / "train_images.safetensors").string(), {{"images", render_all(train_items, train.images)}});
     write_safetensors((tmp / "eval_images.safetensors").string(), {{"images", render_all(eval_items, test.images)}});
-    Tokenizer::train((tmp / "captions.txt").string(), (tmp / "tokenizer").string(), o.vocab_size);
+    write_text(tmp / "tokenizer.model", Tokenizer::train(caption_lines, o.vocab_size));
     const Tokenizer tokenizer((tmp / "tokenizer.model").string());
     json manifest = {{"format", "flowtrain-compositions"}, {"version", 1},       {"seed", o.seed},
                      {"num_train", o.num_train},           {"num_eval", o.num_eval}, {"side", kCompositionSide},

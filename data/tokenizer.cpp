@@ -8,24 +8,55 @@
 
 #include <algorithm>
 
+// Exported by libsentencepiece but declared only in its source tree (src/common.h): the trainer
+// prints "Running command: …" at INFO before it reads its own --minloglevel flag, so the level is
+// set around the call instead.
+namespace sentencepiece::logging {
+int GetMinLogLevel();
+void SetMinLogLevel(int level);
+}  // namespace sentencepiece::logging
+
 namespace flowtrain::data {
 
 struct Tokenizer::Impl {
   sentencepiece::SentencePieceProcessor processor;
 };
 
-void Tokenizer::train(const std::string& corpus_path, const std::string& model_prefix, int64_t vocab_size) {
+namespace {
+
+// Feeds the captions to the trainer from memory, so the model records no file paths and the same
+// captions give the same bytes wherever the data set is made.
+class CaptionIterator : public sentencepiece::SentenceIterator {
+ public:
+  explicit CaptionIterator(const std::vector<std::string>& captions) : captions_(captions) {}
+  bool done() const override { return i_ >= captions_.size(); }
+  void Next() override { ++i_; }
+  const std::string& value() const override { return captions_[i_]; }
+  sentencepiece::util::Status status() const override { return {}; }
+
+ private:
+  const std::vector<std::string>& captions_;
+  size_t i_ = 0;
+};
+
+}  // namespace
+
+std::string Tokenizer::train(const std::vector<std::string>& captions, int64_t vocab_size) {
   // BPE: on a caption corpus of a few dozen words it merges every word into one piece within a
   // few hundred merges (a unigram model of the same size kept splitting words into letters).
   // hard_vocab_limit=false: a small corpus may not fill vocab_size.
   const std::string args = fmt::format(
-      "--input={} --model_prefix={} --vocab_size={} --model_type=bpe --hard_vocab_limit=false "
-      "--character_coverage=1.0 --pad_id={} --unk_id={} --eos_id={} --bos_id=-1 --num_threads=1 "
-      "--minloglevel=2",
-      corpus_path, model_prefix, vocab_size, kPadId, kUnkId, kEosId);
-  const auto status = sentencepiece::SentencePieceTrainer::Train(args);
-  if (!status.ok())
-    throw DataError(fmt::format("training the tokenizer on {} failed: {}", corpus_path, status.ToString()));
+      "--vocab_size={} --model_type=bpe --hard_vocab_limit=false --character_coverage=1.0 --pad_id={} "
+      "--unk_id={} --eos_id={} --bos_id=-1 --num_threads=1 --minloglevel=2",
+      vocab_size, kPadId, kUnkId, kEosId);
+  CaptionIterator corpus(captions);
+  std::string model;
+  const int level = sentencepiece::logging::GetMinLogLevel();
+  sentencepiece::logging::SetMinLogLevel(2);  // errors only
+  const auto status = sentencepiece::SentencePieceTrainer::Train(args, &corpus, &model);
+  sentencepiece::logging::SetMinLogLevel(level);
+  if (!status.ok()) throw DataError(fmt::format("training the tokenizer failed: {}", status.ToString()));
+  return model;
 }
 
 Tokenizer::Tokenizer(const std::string& model_path) : impl_(std::make_unique<Impl>()), path_(model_path) {
@@ -45,7 +76,8 @@ int64_t Tokenizer::vocab_size() const { return impl_->processor.GetPieceSize(); 
 
 std::vector<int64_t> Tokenizer::encode(const std::string& text) const {
   std::vector<int> ids;
-  if (!text.empty()) {
+  // Blank text (spaces, a CRLF line's "\r") is the empty prompt: no tokens, the unconditional input.
+  if (text.find_first_not_of(" \t\r\n") != std::string::npos) {
     const auto status = impl_->processor.Encode(text, &ids);
     if (!status.ok()) throw DataError(fmt::format("{}: cannot encode '{}': {}", path_, text, status.ToString()));
     ids.push_back(static_cast<int>(kEosId));

@@ -16,11 +16,11 @@ namespace flowtrain::data {
 
 class Tokenizer {
  public:
-  // Trains a BPE model on `corpus_path` (one caption a line) and writes
-  // `<model_prefix>.model` (and .vocab). `vocab_size` is an upper bound: a small corpus yields
-  // fewer pieces. Single-threaded, so the model is a pure function of the corpus. Throws
-  // DataError with SentencePiece's message.
-  static void train(const std::string& corpus_path, const std::string& model_prefix, int64_t vocab_size);
+  // Trains a BPE model on the captions and returns the serialized model (the bytes of a
+  // `.model` file). `vocab_size` is an upper bound: a small corpus yields fewer pieces.
+  // Single-threaded and fed from memory, so the bytes are a pure function of the captions.
+  // Throws DataError with SentencePiece's message.
+  static std::string train(const std::vector<std::string>& captions, int64_t vocab_size);
 
   // Loads a model file; throws DataError naming it.
   explicit Tokenizer(const std::string& model_path);
@@ -38,7 +38,7 @@ class Tokenizer {
     at::Tensor mask;                 // bool [N, length], true on real tokens
     std::vector<int64_t> truncated;  // rows whose text had more than `length` tokens (cut to fit)
   };
-  // An empty text gives an all-padding row (mask all false): the unconditional prompt.
+  // An empty or blank text gives an all-padding row (mask all false): the unconditional prompt.
   Batch encode_batch(const std::vector<std::string>& texts, int64_t length) const;
 
  private:

@@ -56,9 +56,14 @@ void configure_cuda(const c10::Device& device, const TrainConfig& train) {
 
 std::string context_attention_kind(const Config& c, const models::DiffusionModel& model) {
   const int64_t cp = c.parallel.cp, tokens = model.tokens_per_sample(), heads = model.attention_heads();
-  if (tokens % cp != 0)
-    throw ConfigError(fmt::format("'parallel.cp' {} does not split the model's {} tokens ({}) evenly", cp, tokens,
-                                  model.token_layout()));
+  const std::vector<int64_t> streams = model.token_streams();
+  for (const int64_t stream : streams)
+    if (stream % cp != 0)
+      throw ConfigError(fmt::format("'parallel.cp' {} does not split the model's {} tokens ({}) evenly{}", cp, tokens,
+                                    model.token_layout(),
+                                    streams.size() > 1 ? fmt::format(": each stream ({}) is split on its own",
+                                                                     fmt::join(streams, " + "))
+                                                       : ""));
   const bool heads_split = heads % cp == 0;
   if (c.parallel.cp_attention == "ulysses" && !heads_split)
     throw ConfigError(fmt::format("'parallel.cp_attention' ulysses needs the {} heads to split over 'parallel.cp' {}; "

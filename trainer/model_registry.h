@@ -67,7 +67,10 @@ std::shared_ptr<models::DiffusionModel> build_model(const ModelConfig& model);
 // The families' options from the model section (sizes resolved).
 models::DiTOptions dit_options(const ModelConfig& model);
 models::FluxOptions flux_options(const ModelConfig& model);
-// The built-in text encoder of a flux model with model.text_encoder_layers > 0: width
+// Whether the model reads captions through its own text encoder (flux with
+// model.text_encoder_layers > 0) rather than precomputed embeddings or class labels.
+bool has_builtin_text_encoder(const ModelConfig& model);
+// The built-in text encoder of such a model: width
 // context_dim, pooled width vec_dim, model.text_len positions.
 models::TextEncoderOptions text_encoder_options(const ModelConfig& model);
 

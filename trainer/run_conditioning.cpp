@@ -17,7 +17,15 @@ namespace fs = std::filesystem;
 
 namespace {
 
-bool builtin_text(const Config& c) { return c.model.text_encoder_layers > 0; }
+bool builtin_text(const Config& c) { return has_builtin_text_encoder(c.model); }
+
+// Captioned data needs a model conditioned on text.
+void require_text_model(const Config& c) {
+  if (c.data.source == "compositions" && model_family(c.model.arch).class_conditioning)
+    throw ConfigError(fmt::format("'model.arch' {} is class-conditional and data.source 'compositions' has captions, "
+                                  "not class labels (use model.arch flux)",
+                                  c.model.arch));
+}
 
 std::string embeddings_path(const Config& c) { return (fs::path(c.data.path) / "text_embeddings.safetensors").string(); }
 
@@ -52,6 +60,7 @@ models::Conditioning prompt_conditioning(const Config& c, const data::Tokenizer&
 }
 
 std::map<std::string, at::Tensor> text_fields(const Config& c, const std::vector<std::string>& captions) {
+  require_text_model(c);  // before looking for embeddings a class-conditional model could not use
   if (builtin_text(c)) {
     const auto tokenizer = data_tokenizer(c);
     const auto encoded = tokenizer->encode_batch(captions, c.model.text_len);
@@ -103,12 +112,10 @@ RunConditioning run_conditioning(const Config& c, std::shared_ptr<const data::Im
   const ModelFamily& family = model_family(c.model.arch);
   RunConditioning rc;
   if (family.class_conditioning) {
-    if (c.data.source == "compositions")
-      throw ConfigError(fmt::format("'model.arch' {} is class-conditional and data.source 'compositions' has captions, "
-                                    "not class labels (use model.arch flux)",
-                                    c.model.arch));
+    require_text_model(c);
     const auto& of_labels = family.class_conditioning;
-    const int64_t classes = c.model.num_classes;
+    // Grid rows cycle through the classes the data has (a model may have more label slots).
+    const int64_t classes = dataset && dataset->num_classes > 0 ? dataset->num_classes : c.model.num_classes;
     rc.of_batch = [of_labels](const data::Batch& b) { return of_labels(b.labels); };
     rc.of_rows = [of_labels, classes](const at::Tensor& rows) { return of_labels(rows % classes); };
     rc.of_eval_rows = [of_labels](const at::Tensor& rows) { return of_labels(rows % 10); };

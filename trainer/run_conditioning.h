@@ -1,7 +1,7 @@
 // What conditions a run's model, decided once from the config and the data set: the training
 // batches' conditioning, and that of the rows of sample grids and evaluations.
 //
-//   model.arch dit                      labels; grid / eval row i is class i % model.num_classes
+//   model.arch dit                      labels; grid row i is class i % (the data's classes)
 //   flux, model.text_encoder_layers > 0 the data set's captions as tokens ("tokens", "txt_mask",
 //                                       read with DIR/tokenizer.model); row i is evaluation prompt
 //                                       i % P of DIR/eval_prompts.txt
@@ -9,6 +9,10 @@
 //                                       DIR/text_embeddings.safetensors; row i is training sample i
 //   flux on data.source synthetic       random fields of the same shapes (synthetic_text_fields);
 //                                       row i is training sample i
+// Grid rows of a class-conditional model cycle through the data set's classes.
+// With precomputed embeddings "txt_mask" is checked for shape and travels with the batch, but
+// Flux does not mask attention with it: like the reference, it attends over every text
+// position (padding included, as trained); the built-in encoder uses its mask internally.
 #pragma once
 
 #include "data/image_dataset.h"

@@ -12,6 +12,7 @@
 #include "trainer/eval/evaluate.h"
 #include "trainer/eval/prompt_following.h"
 #include "trainer/checkpoint/file_util.h"
+#include "trainer/checkpoint/state_dict.h"
 #include "trainer/telemetry/memory_stats.h"
 #include "trainer/eval/sample_grid.h"
 #include "trainer/stop_signal.h"
@@ -43,6 +44,20 @@ std::string format_duration(double s) {
   return fmt::format("{}m{:02d}s", total / 60, total % 60);
 }
 
+// Whether resolve_resume() will look for a checkpoint: resume "auto" with a committed
+// step-N directory, or an explicit one.
+bool has_checkpoints_to_resume(const Config& c) {
+  if (c.checkpoint.resume == "never") return false;
+  if (c.checkpoint.resume != "auto") return true;  // an explicit checkpoint
+  const fs::path dir = fs::path(c.run.out_dir) / "checkpoints";
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) return false;
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.rfind("step-", 0) == 0 && name.find('.') == std::string::npos) return true;  // not a step-N.tmp leftover
+  }
+  return false;
+}
 
 }  // namespace
 
@@ -103,9 +118,13 @@ Trainer::Trainer(Config config, TrainerHooks hooks) : config_(std::move(config))
   const ModelFamily& family = model_family(config_.model.arch);
   conditioning_ = run_conditioning(config_, dataset_);
   std::shared_ptr<models::DiffusionModel> model = family.build(config_.model);
-  if (!config_.train.init_from.empty()) {  // before anything is written: a file that does not fit stops here
+  // train.init_from seeds a fresh run only: a run with checkpoints to resume from never re-reads
+  // the file (it may be gone, and the checkpoint has the weights). Loaded before anything is
+  // written, so a file that does not fit stops the run here.
+  const bool init_from = !config_.train.init_from.empty() && !has_checkpoints_to_resume(config_);
+  if (init_from) {
     load_weights_file(*model, config_.train.init_from, exported_parts(config_.model).front());
-    spdlog::info("initial weights from {} (a resumed run restores its checkpoint's instead)", config_.train.init_from);
+    spdlog::info("initial weights from {}", config_.train.init_from);
   }
   const std::string cp_attention = config_.parallel.cp > 1 ? context_attention_kind(config_, *model) : "";
   if (config_.eval.every > 0) check_eval_config(config_, *model);  // every rank, up front
@@ -156,8 +175,16 @@ Trainer::Trainer(Config config, TrainerHooks hooks) : config_(std::move(config))
   timesteps_ = timestep_sampler(config_);
 
   const std::string resume = resolve_resume();
-  if (!resume.empty()) restore(resume);
-  else spdlog::info("starting from scratch (seed {})", config_.run.seed);
+  if (!resume.empty()) {
+    restore(resume);
+  } else {
+    if (!config_.train.init_from.empty() && !init_from)  // every checkpoint there failed verification
+      throw CheckpointError(fmt::format("{}/checkpoints: no checkpoint verifies, and the run's initial weights "
+                                        "(train.init_from {}) were not loaded because checkpoints were expected; "
+                                        "move the directory aside to start afresh",
+                                        config_.run.out_dir, config_.train.init_from));
+    spdlog::info("starting from scratch (seed {})", config_.run.seed);
+  }
 
   loader_ = std::make_unique<data::Loader>(dataset_, loader_options(config_, dp_rank_, dp_size_, device_),
                                            progress_.loader);

@@ -27,6 +27,7 @@ class TextToImageImpl : public DiffusionModel {
   std::vector<int64_t> sample_shape() const override { return transformer->sample_shape(); }
   int64_t tokens_per_sample() const override { return transformer->tokens_per_sample(); }
   std::string token_layout() const override { return transformer->token_layout(); }
+  std::vector<int64_t> token_streams() const override { return transformer->token_streams(); }
   int64_t attention_heads() const override { return transformer->attention_heads(); }
   double train_flops_per_sample() const override;
   std::string describe() const override;

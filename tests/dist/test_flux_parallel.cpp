@@ -24,14 +24,14 @@ const std::string& compositions() {
   return dir;
 }
 
-// The tiny config turned into a tiny text-to-image run: 64 image tokens (8×8 of 7×7 pixels) and
+// The tiny config turned into a tiny text-to-image run: 196 image tokens (14×14 of 4×4 pixels) and
 // 24 text tokens, both splitting evenly over 2 and 4 ranks; 2 heads (Ulysses at cp 2).
 std::vector<std::string> flux_run(std::vector<std::string> extra) {
   std::vector<std::string> sets = {
       "model.arch=flux",         "model.size=flux-tiny",     "model.hidden=64",          "model.heads=2",
       "model.axes_dim=8,12,12",  "model.depth=1",            "model.depth_single=2",     "model.context_dim=32",
       "model.vec_dim=32",        "model.text_len=24",        "model.text_encoder_layers=1",
-      "model.text_encoder_heads=2", "model.vocab_size=256",  "model.patch=7",            "model.image_size=56",
+      "model.text_encoder_heads=2", "model.vocab_size=256",  "model.patch=4",            "model.image_size=56",
       "model.in_channels=3",     "data.source=compositions", "data.path=" + compositions(),
       "flow.resolution_shift=true"};
   sets.insert(sets.end(), extra.begin(), extra.end());
@@ -52,9 +52,9 @@ TEST(DistFlux, TextToImageUnderFsdpAndJointSequenceContextParallelismMatchesOneP
   run_world(2, base + "/cp2_ring_ac",
             flux_run({"parallel.cp=2", "parallel.cp_attention=ring", "train.activation_checkpointing=full"}));
   expect_equivalent(w1, base + "/cp2_ring_ac", "Flux, cp 2 over [text, image], ring, activation checkpointing");
-  EXPECT_NE(read_file(base + "/cp2_ring_ac/log.txt").find("88 tokens per sample split over 2 ranks (44 per rank)"),
+  EXPECT_NE(read_file(base + "/cp2_ring_ac/log.txt").find("220 tokens per sample split over 2 ranks (110 per rank)"),
             std::string::npos);
-  // 2 heads over 4 ranks: ring; 6 text and 16 image tokens per rank.
+  // 2 heads over 4 ranks: ring; 6 text and 49 image tokens per rank.
   run_world(4, base + "/cp4_ring", flux_run({"parallel.cp=4"}));
   expect_equivalent(w1, base + "/cp4_ring", "Flux, cp 4 over [text, image], ring");
 }

@@ -73,7 +73,6 @@ TEST(Compositions, TheDataSetIsDeterministicConsistentAndKeepsHeldOutPairsOutOfT
   ASSERT_EQ(train.images.size(0), 2000);
   ASSERT_EQ(eval.images.size(0), 200);
   const ImageDataset fashion_train = load_fashion_mnist(test::fashion_mnist_dir(), "train");
-  const ImageDataset fashion_test = load_fashion_mnist(test::fashion_mnist_dir(), "test");
   int64_t two_objects = 0;
   for (size_t i = 0; i < train.items.size(); ++i) {
     const auto& item = train.items[i];
@@ -92,14 +91,13 @@ TEST(Compositions, TheDataSetIsDeterministicConsistentAndKeepsHeldOutPairsOutOfT
   }
   EXPECT_GT(two_objects, 800);  // about half
   EXPECT_LT(two_objects, 1200);
-  // Every 4th evaluation prompt holds a held-out pair; the others none. Garments come from the test split.
+  // Every 4th evaluation prompt holds a held-out pair; the others none.
   for (size_t i = 0; i < eval.items.size(); ++i) {
     bool has = false;
     for (const auto& o : eval.items[i].objects) has = has || is_held_out(o.class_id, o.color);
     EXPECT_EQ(has, i % 4 == 3) << eval.items[i].caption;
     EXPECT_EQ(eval.items[i].heldout, i % 4 == 3);
   }
-  (void)fashion_test;
   // eval_prompts.txt: the same captions, one a line.
   const std::string txt = test::read_file(small_set() + "/eval_prompts.txt");
   EXPECT_EQ(txt.substr(0, txt.find('\n')), eval.items[0].caption);
@@ -119,6 +117,12 @@ TEST(Compositions, AnExistingOutputIsRefusedAndNothingIsLeftBehind) {
   const std::string out = test::scratch_dir("compositions_nodata") + "/set";
   EXPECT_DATA_ERROR(make_compositions({"/nonexistent/fashion", out, 10, 10, 0, 256}), "/nonexistent/fashion");
   EXPECT_FALSE(fs::exists(out));
+  // "DIR/" is DIR: staged beside it and renamed, nothing else left in the parent.
+  make_compositions({test::fashion_mnist_dir(), out + "/", 10, 10, 0, 256});
+  EXPECT_TRUE(fs::exists(out + "/manifest.json"));
+  int64_t entries = 0;
+  for ([[maybe_unused]] const auto& e : fs::directory_iterator(fs::path(out).parent_path())) ++entries;
+  EXPECT_EQ(entries, 1);
 }
 
 TEST(Tokenizer, EncodesCaptionsWithEndOfTextPadsMasksAndCuts) {

@@ -88,6 +88,18 @@ TEST(PromptFollowing, ReadsEveryPaletteColourAndEmptySlotsFromPixels) {
   at::Tensor speckled = at::zeros({1, 3, 56, 56}, at::kByte);
   for (int i = 0; i < kMinForeground - 1; ++i) speckled[0][i % 3][3 + i][5] = 255;
   EXPECT_TRUE(read_canvases(speckled, judge)[0][0].empty);
+  // Nor does scattered noise covering the slot: one full-bright pixel in every 3×3 block (81 of
+  // them, far above kMinForeground) — each one's neighbourhood mean is 1/9 < kForeground.
+  at::Tensor scattered = at::zeros({1, 3, 56, 56}, at::kByte);
+  for (int y = 1; y < 28; y += 3)
+    for (int x = 1; x < 28; x += 3) scattered[0][(x + y) % 3][y][x] = 255;
+  EXPECT_TRUE(read_canvases(scattered, judge)[0][0].empty);
+  // A thin solid stroke (a sandal strap: 2 pixels wide, 10 long, at 60 % brightness) is an object:
+  // inside it the neighbourhood mean is 0.6·6/9 = 0.4.
+  at::Tensor strap = at::zeros({1, 3, 56, 56}, at::kByte);
+  strap[0][2].narrow(0, 10, 2).narrow(1, 30, 10).fill_(153);
+  EXPECT_FALSE(read_canvases(strap, judge)[0][1].empty);
+  EXPECT_TRUE(read_canvases(strap, judge)[0][0].empty);
 }
 
 }  // namespace

@@ -73,7 +73,8 @@ TEST(TextToImage, UnitsCoverEveryParameterOnceAndPartsSplitTheKeys) {
   std::vector<std::string> prefixes = plan.stem;
   prefixes.insert(prefixes.end(), plan.blocks.begin(), plan.blocks.end());
   prefixes.insert(prefixes.end(), plan.head.begin(), plan.head.end());
-  for (const auto& [name, p] : model->named_parameters()) {
+  for (const auto& item : model->named_parameters()) {
+    const std::string& name = item.key();
     int owners = 0;
     for (const auto& prefix : prefixes) owners += name.compare(0, prefix.size() + 1, prefix + ".") == 0;
     EXPECT_EQ(owners, 1) << name;
@@ -87,9 +88,10 @@ TEST(TextToImage, UnitsCoverEveryParameterOnceAndPartsSplitTheKeys) {
   bare.patch = 2;
   bare.text_len = 8;
   std::set<std::string> flux_names, part;
-  for (const auto& [name, p] : trainer::build_model(bare)->named_parameters()) flux_names.insert(name);
-  for (const auto& [name, p] : model->named_parameters())
-    if (name.rfind(TextToImageImpl::kTransformerPrefix, 0) == 0) part.insert(name.substr(12));
+  for (const auto& item : trainer::build_model(bare)->named_parameters()) flux_names.insert(item.key());
+  const std::string transformer = TextToImageImpl::kTransformerPrefix;
+  for (const auto& item : model->named_parameters())
+    if (item.key().rfind(transformer, 0) == 0) part.insert(item.key().substr(transformer.size()));
   EXPECT_EQ(part, flux_names);
   EXPECT_TRUE(flux_names.count("double_blocks.0.txt_attn.norm.key_norm.scale"));
 }
@@ -100,11 +102,11 @@ TEST(TextToImage, DroppedCaptionsAndTheNullConditioningAreTheEmptyPrompt) {
     at::NoGradGuard g;
     for (auto& p : model->parameters()) p.add_(at::randn_like(p) * 0.05);  // off the zero init
   }
-  const at::Tensor tokens = at::tensor({{5, 7, 2, 0, 0, 0, 0, 0}, {9, 2, 0, 0, 0, 0, 0, 0}}, at::kLong);
+  const at::Tensor tokens = at::tensor({5, 7, 2, 0, 0, 0, 0, 0, 9, 2, 0, 0, 0, 0, 0, 0}, at::kLong).reshape({2, 8});
   const Conditioning cond{{"tokens", tokens}, {"txt_mask", tokens != 0}};
   const ConditioningDropout d = model->conditioning_dropout();
   ASSERT_EQ(d.probabilities.size(), 1u);  // one encoder: one draw per sample
-  const Conditioning dropped = d.apply(cond, {at::tensor({true, false})});
+  const Conditioning dropped = d.apply(cond, {at::tensor({1, 0}, at::kLong).to(at::kBool)});
   EXPECT_EQ(dropped.at("txt_mask")[0].sum().item<int64_t>(), 0);
   EXPECT_TRUE(dropped.at("txt_mask")[1].equal(cond.at("txt_mask")[1]));
 

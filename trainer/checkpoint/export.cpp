@@ -6,6 +6,9 @@
 #include "trainer/model_registry.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <filesystem>
 
 namespace flowtrain::trainer {
 
@@ -29,17 +32,36 @@ std::vector<std::string> export_checkpoint(const ExportOptions& o) {
                                                        {"weights", o.ema ? "ema" : "raw"},
                                                        {"step", std::to_string(c.progress.step)},
                                                        {"flowtrain_config", c.config_yaml}};
-  std::vector<std::string> first_names;
-  for (size_t p = 0; p < parts.size(); ++p) {
-    const std::string& prefix = parts[p];
-    NamedTensors out;
+  const std::vector<std::string> paths = {o.out_path, o.text_encoder_out};
+  if (parts.size() > 1 && std::filesystem::weakly_canonical(o.out_path) == std::filesystem::weakly_canonical(o.text_encoder_out))
+    throw std::invalid_argument(fmt::format("--out and --text-encoder-out are the same file ({})", o.out_path));
+  // Every parameter belongs to exactly one part; all parts are written beside their targets and
+  // renamed only when all are complete, so a failure leaves no half export.
+  std::vector<NamedTensors> outs(parts.size());
+  size_t exported = 0;
+  for (size_t p = 0; p < parts.size(); ++p)
     for (const auto& [name, t] : source) {
-      if (name.compare(0, prefix.size(), prefix) != 0) continue;
-      out.emplace_back(name.substr(prefix.size()), o.dtype == "bf16" ? t.to(at::kBFloat16) : t.to(at::kFloat));
-      if (p == 0) first_names.push_back(out.back().first);
+      if (name.compare(0, parts[p].size(), parts[p]) != 0) continue;
+      outs[p].emplace_back(name.substr(parts[p].size()), o.dtype == "bf16" ? t.to(at::kBFloat16) : t.to(at::kFloat));
+      ++exported;
     }
-    data::write_safetensors(p == 0 ? o.out_path : o.text_encoder_out, out, metadata);
+  if (exported != source.size())
+    throw CheckpointError(fmt::format("{}: {} of {} tensors are under none of the model's parts ({})", o.checkpoint_dir,
+                                      source.size() - exported, source.size(), fmt::join(parts, ", ")));
+  std::vector<std::string> staged;
+  try {
+    for (size_t p = 0; p < parts.size(); ++p) {
+      staged.push_back(paths[p] + ".partial");
+      data::write_safetensors(staged.back(), outs[p], metadata);
+    }
+    for (size_t p = 0; p < parts.size(); ++p) std::filesystem::rename(staged[p], paths[p]);
+  } catch (...) {
+    std::error_code ignored;
+    for (const auto& f : staged) std::filesystem::remove(f, ignored);
+    throw;
   }
+  std::vector<std::string> first_names;
+  for (const auto& [name, t] : outs[0]) first_names.push_back(name);
   return first_names;
 }
 

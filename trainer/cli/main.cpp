@@ -116,6 +116,7 @@ void dump_flux_inputs(const std::string& path, models::DiffusionModel& model, co
                                {"y", inner.at("vec").contiguous()},
                                {"timesteps", t0.expand({B}).to(at::kFloat).contiguous()}};
   if (o.guidance_embed) inputs.emplace_back("guidance", inner.at("guidance").contiguous());
+  for (auto& [name, t] : inputs) t = t.to(at::kCPU, at::kFloat);  // the reference's dtype, whatever autocast made
   data::write_safetensors(path, inputs, {{"cfg_scale", std::to_string(so.cfg_scale)}, {"steps", std::to_string(so.steps)}});
   spdlog::info("wrote the first sampling step's inputs to {}", path);
 }
@@ -128,7 +129,7 @@ int cmd_sample(const ConfigArgs& args, SampleArgs a) {
   const bool from_prompts = !a.prompts.empty() || !a.prompts_file.empty();
   if (!a.prompts.empty() && !a.prompts_file.empty()) throw trainer::ConfigError("give --prompt or --prompts, not both");
   if (a.per_prompt < 1) throw trainer::ConfigError("--per-prompt must be >= 1");
-  if (from_prompts && (c.model.arch != "flux" || c.model.text_encoder_layers == 0))
+  if (from_prompts && !trainer::has_builtin_text_encoder(c.model))
     throw trainer::ConfigError(fmt::format("--prompt / --prompts need a model with the built-in text encoder "
                                            "(model.arch flux, model.text_encoder_layers > 0); this config has {}",
                                            c.model.arch));
@@ -157,16 +158,19 @@ int cmd_sample(const ConfigArgs& args, SampleArgs a) {
     at::NoGradGuard no_grad;
     models::AutocastRegion autocast(c.train.precision == "bf16", device.type());  // as training samples
     if (!a.dump_inputs.empty()) {
-      std::vector<int64_t> shape = model.sample_shape();
-      shape.insert(shape.begin(), num);
-      at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(static_cast<uint64_t>(c.sample.seed));
-      const at::Tensor noise = at::randn(shape, gen).to(device);  // the draw sample_rows makes
+      const at::Tensor noise = trainer::sample_noise(model, num, c.sample.seed).to(device);
       dump_flux_inputs(a.dump_inputs, model, noise, rows(at::arange(num, at::kLong)).to(device), so);
     }
     models::VelocityFn velocity = [&](const at::Tensor& x, const at::Tensor& t, const models::Conditioning& cond) {
       return model.forward(x, t, cond);
     };
-    samples = trainer::sample_rows(velocity, model, rows, num, c.sample.seed, so, device);
+    // In chunks of the one draw, so a long --prompts file needs no more memory than a chunk.
+    constexpr int64_t kChunk = 256;
+    std::vector<at::Tensor> chunks;
+    for (int64_t first = 0; first < num; first += kChunk)
+      chunks.push_back(trainer::sample_rows(velocity, model, rows, num, c.sample.seed, so, device, first,
+                                            std::min(kChunk, num - first)));
+    samples = at::cat(chunks);
   }
   if (!a.prompts_file.empty()) {  // one PNG per sample: line i, sample k -> (i·K + k).png
     const std::string dir = a.out.empty() ? "samples" : a.out;

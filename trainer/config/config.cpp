@@ -212,7 +212,7 @@ std::vector<Section> build_schema() {
                        "text embeddings from the data set")
                   .add("text_encoder_heads", &ModelConfig::text_encoder_heads, at_least(1),
                        "flux: attention heads of the built-in text encoder (must divide context_dim)")
-                  .add("vocab_size", &ModelConfig::vocab_size, at_least(3),
+                  .add("vocab_size", &ModelConfig::vocab_size, at_least(4),
                        "flux: token ids of the built-in text encoder (>= the data set tokenizer's pieces)")
                   .add("patch", &ModelConfig::patch, at_least(1), "patch side; must divide image_size")
                   .add("image_size", &ModelConfig::image_size, at_least(1), "input side (pixels or latent cells)")

@@ -7,11 +7,13 @@
 #include "trainer/eval/classifier_cache.h"
 #include "trainer/eval/evaluate.h"
 #include "trainer/eval/quality.h"
+#include "trainer/model_registry.h"
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -38,7 +40,12 @@ std::vector<CanvasReading> read_canvases(const at::Tensor& canvases, models::Fas
   const at::Tensor slots = split_slots(canvases);  // [N, 4, 3, S, S]
   const int64_t N = slots.size(0), S = data::kSlotSide;
   const at::Tensor grey = std::get<0>(slots.max(2));  // [N, 4, S, S]
-  const at::Tensor foreground = grey > kForeground;
+  // A garment is a solid region, sampling noise scattered pixels: a pixel is foreground when it
+  // and the mean of its 3×3 neighbourhood both exceed kForeground (GenEval's detector likewise
+  // ignores texture that is no object).
+  const at::Tensor neighbourhood =
+      at::avg_pool2d(grey.reshape({N * 4, 1, S, S}), {3, 3}, {1, 1}, {1, 1}).reshape({N, 4, S, S});
+  const at::Tensor foreground = (grey > kForeground).logical_and(neighbourhood > kForeground);
   const at::Tensor counts = foreground.sum({2, 3});  // [N, 4]
   // Mean rgb / grey over the foreground pixels -> nearest palette colour.
   const at::Tensor ratio = slots / grey.unsqueeze(2).clamp_min(1e-6);  // [N, 4, 3, S, S]
@@ -117,7 +124,8 @@ std::string PromptFollowingReport::to_json() const {
   j["class_accuracy"] = scores.class_accuracy;
   j["color_accuracy"] = scores.color_accuracy;
   j["position_accuracy"] = scores.position_accuracy;
-  j["heldout_prompt_accuracy"] = scores.heldout_prompt_accuracy;
+  if (scores.num_heldout > 0) j["heldout_prompt_accuracy"] = scores.heldout_prompt_accuracy;
+  else j["heldout_prompt_accuracy"] = nullptr;  // no held-out prompt among the first num: not 0, unknown
   j["prompt_accuracy_ceiling"] = prompt_accuracy_ceiling;
   j["fd"] = fd;
   j["fd_floor"] = fd_floor;
@@ -128,15 +136,40 @@ std::string PromptFollowingReport::to_json() const {
 
 namespace {
 
-std::string fashion_dir_of(const std::string& data_dir) {
+// One field of the data set's manifest.json; DataError naming the file when it cannot be read.
+template <typename T>
+T manifest_field(const std::string& data_dir, const char* key) {
   const auto path = std::filesystem::path(data_dir) / "manifest.json";
   std::ifstream f(path);
   if (!f) throw data::DataError(fmt::format("{}: cannot open (not a compositions data set?)", path.string()));
   try {
-    return nlohmann::json::parse(f).at("fashion_mnist_dir").get<std::string>();
+    return nlohmann::json::parse(f).at(key).get<T>();
   } catch (const nlohmann::json::exception& e) {
-    throw data::DataError(fmt::format("{}: no fashion_mnist_dir ({})", path.string(), e.what()));
+    throw data::DataError(fmt::format("{}: no {} ({})", path.string(), key, e.what()));
   }
+}
+
+std::string fashion_dir_of(const std::string& data_dir) {
+  return manifest_field<std::string>(data_dir, "fashion_mnist_dir");
+}
+
+// What the judge needs of the run, before any model is loaded.
+void check_judgeable_run(const Config& c) {
+  const std::string where = c.source_path.empty() ? std::string("config") : c.source_path;
+  // Precomputed embeddings hold the training captions only: there would be nothing to condition
+  // the evaluation prompts on.
+  if (!has_builtin_text_encoder(c.model))
+    throw ConfigError(fmt::format("{}: prompt following generates the evaluation prompts, which needs the built-in "
+                                  "text encoder (model.arch flux, 'model.text_encoder_layers' > 0)",
+                                  where));
+  const auto prompts = static_cast<int64_t>(data::load_eval_prompts(c.data.path).size());
+  // The Fréchet distance compares eval.num samples with as many training canvases.
+  const auto train = manifest_field<int64_t>(c.data.path, "num_train");
+  const int64_t most = std::min(prompts, train);
+  if (c.eval.num < 2 || c.eval.num > most)
+    throw ConfigError(fmt::format("{}: 'eval.num' is {}; it must be in [2, {}] ({} has {} evaluation prompts and {} "
+                                  "training canvases)",
+                                  where, c.eval.num, most, c.data.path, prompts, train));
 }
 
 // The judge and the real side, loaded once per (data set, classifier cache, device).
@@ -161,7 +194,10 @@ PromptEvalContext& context_for(const std::string& data_dir, const std::string& c
     const data::CompositionSet eval = data::load_compositions(data_dir, "eval");
     ctx->prompts = eval.items;
     ctx->real_eval = eval.images;
-    ctx->train = data::load_compositions(data_dir, "train").images;
+    // Only as many training canvases as there are prompts are ever compared (the Fréchet
+    // distance at N = eval.num): keep those, not the whole set, for the life of the process.
+    const at::Tensor train = data::load_compositions(data_dir, "train").images;
+    ctx->train = train.narrow(0, 0, std::min<int64_t>(train.size(0), eval.images.size(0))).clone();
     slot = std::move(ctx);
   }
   return *slot;
@@ -204,16 +240,14 @@ void check_prompt_following_config(const Config& c, const models::DiffusionModel
     throw ConfigError(fmt::format("{}: prompt following judges 3×56×56 canvases; the model makes {}×{}×{} "
                                   "('model.in_channels', 'model.image_size')",
                                   where, shape[0], shape[1], shape[2]));
-  const auto prompts = data::load_eval_prompts(c.data.path).size();
-  if (c.eval.num < 2 || c.eval.num > static_cast<int64_t>(prompts))
-    throw ConfigError(fmt::format("{}: 'eval.num' is {}; it must be in [2, {}] (the evaluation prompts of {})", where,
-                                  c.eval.num, prompts, c.data.path));
+  check_judgeable_run(c);
 }
 
 PromptFollowingReport evaluate_prompt_following_checkpoint(const Config& config, const std::string& checkpoint_dir,
                                                            int64_t num_override) {
   Config c = config;
   if (num_override > 0) c.eval.num = num_override;
+  check_judgeable_run(c);
   const c10::Device device = select_device(c.run);
   const CheckpointModel loaded = load_checkpoint_model(c, checkpoint_dir, /*raw=*/false, device);
   check_prompt_following_config(c, *loaded.model);

@@ -3,8 +3,9 @@
 // prompt's ground truth (data/compositions.h).
 //
 // Reading a 28×28 slot: its grey image is the brightest channel (every palette colour has a
-// component of 1, so that channel is the garment's grey value); the slot is empty when fewer
-// than kMinForeground pixels exceed kForeground; the class is the project's Fashion-MNIST
+// component of 1, so that channel is the garment's grey value); a pixel is foreground when it and
+// its 3×3 neighbourhood's mean exceed kForeground (isolated bright pixels are noise, not garment);
+// the slot is empty when it has fewer than kMinForeground foreground pixels; the class is the project's Fashion-MNIST
 // classifier's argmax on the grey image; the colour is the palette entry nearest (L2) to the mean
 // of rgb / grey over the foreground pixels.
 //

@@ -25,14 +25,18 @@ models::SamplerOptions sampler_options(const std::string& sampler, int64_t steps
   return so;
 }
 
+at::Tensor sample_noise(const models::DiffusionModel& model, int64_t num, int64_t seed) {
+  std::vector<int64_t> shape = model.sample_shape();
+  shape.insert(shape.begin(), num);
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(static_cast<uint64_t>(seed));
+  return at::randn(shape, gen);
+}
+
 at::Tensor sample_rows(const models::VelocityFn& velocity, const models::DiffusionModel& model,
                        const RowConditioning& conditioning, int64_t num, int64_t seed,
                        const models::SamplerOptions& options, const c10::Device& device, int64_t first,
                        int64_t count) {
-  std::vector<int64_t> shape = model.sample_shape();
-  shape.insert(shape.begin(), num);
-  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(static_cast<uint64_t>(seed));
-  at::Tensor noise = padded_rows(at::randn(shape, gen), first, count).to(device);
+  at::Tensor noise = padded_rows(sample_noise(model, num, seed), first, count).to(device);
   at::Tensor rows = padded_rows(at::arange(num, at::TensorOptions().dtype(at::kLong)), first, count);
   const models::Conditioning cond = conditioning(rows).to(device);
   return models::sample(velocity, noise, cond, model.null_conditioning(cond), options).to(at::kCPU);

@@ -23,6 +23,9 @@ using RowConditioning = std::function<models::Conditioning(const at::Tensor& row
 // time shift: builders.h time_shift).
 models::SamplerOptions sampler_options(const std::string& sampler, int64_t steps, double cfg_scale, double shift);
 
+// The fixed draw of `num` noises from `seed` (CPU) that sample_rows integrates: [num, C, H, W].
+at::Tensor sample_noise(const models::DiffusionModel& model, int64_t num, int64_t seed);
+
 // Samples of `model`: rows [first, first + count) of a fixed draw of `num` noises from `seed`,
 // row i conditioned on conditioning(i), integrated with `velocity` (the caller sets eval mode /
 // no-grad: TrainState::with_sampling_model) under classifier-free guidance against the model's

@@ -197,7 +197,7 @@ double write_parity_dump(const Config& c, const std::string& path) {
   // Exactly the trainer's first micro-batch: same initialisation seed, same first batch of the
   // loader, same per-step generator (trainer.cpp: Trainer::train_step).
   const bool flux = c.model.arch == "flux";
-  if (flux && (c.model.text_encoder_layers == 0 || flux_options(c.model).guidance_embed))
+  if (flux && (!has_builtin_text_encoder(c.model) || flux_options(c.model).guidance_embed))
     throw ConfigError("--parity-dump: bench/pytorch_peer.py implements Flux with the built-in text encoder "
                       "(model.text_encoder_layers > 0) and no guidance embedding");
   at::manual_seed(static_cast<uint64_t>(c.run.seed));
