@@ -256,22 +256,36 @@ class FlowtrainSyntheticRun:
     draw_step_inputs -> models/flow_matching.cpp draw_flow_matching_inputs_per_row: each row of the
     global batch from its own CPU generator seeded with step_seed(seed, 0, step, row), drawing t,
     then the row's noise, then its dropout uniform), all from torch's CPU generator, which is the
-    same code in LibTorch and PyTorch. For data-parallel rank 0 of a world of 1."""
+    same code in LibTorch and PyTorch. For data-parallel rank 0 of a world of 1.
+    Flux runs add the synthetic captions (trainer/run_conditioning.cpp synthetic_text_fields: a
+    generator seeded with seed + 1 draws each row's length, then the token ids); a dropped caption
+    is a row whose mask is cleared."""
 
-    def __init__(self, cfg: dict):
+    def __init__(self, cfg: dict, shift: float):
         self.seed = int(cfg["run.seed"])
         self.batch, self.accum = int(cfg["data.batch_size"]), int(cfg["train.grad_accum"])
-        self.num_classes, self.dropout = int(cfg["model.num_classes"]), float(cfg["model.class_dropout"])
-        self.timesteps, self.shift = cfg["flow.timesteps"], float(cfg["flow.shift"])
+        self.flux = cfg.get("model.arch", "dit") == "flux"
+        self.num_classes = int(cfg["model.num_classes"])
+        self.dropout = float(cfg["model.text_dropout" if self.flux else "model.class_dropout"])
+        # The trainer's time shift (flow.shift, or Flux's resolution shift), from the parity dump.
+        self.timesteps, self.shift = cfg["flow.timesteps"], shift
         self.logit_mean, self.logit_std = float(cfg["flow.logit_mean"]), float(cfg["flow.logit_std"])
         channels, side = int(cfg["model.in_channels"]), int(cfg["model.image_size"])
         self.n = max(4096, self.batch)
         gen = torch.Generator().manual_seed(self.seed)
         self.images = torch.randint(0, 256, (self.n, channels, side, side), generator=gen, dtype=torch.uint8)
         self.labels = torch.randint(0, self.num_classes, (self.n,), generator=gen, dtype=torch.long)
+        if self.flux:
+            length, vocab = int(cfg["model.text_len"]), int(cfg["model.vocab_size"])
+            text_gen = torch.Generator().manual_seed(self.seed + 1)
+            lengths = torch.randint(min(8, length), length + 1, (self.n,), generator=text_gen, dtype=torch.long)
+            self.txt_mask = torch.arange(length)[None, :] < lengths[:, None]
+            ids = torch.randint(3, vocab, (self.n, length), generator=text_gen, dtype=torch.long)
+            self.tokens = ids * self.txt_mask.long()
 
     def micro_batches(self, step: int):
-        """(x0, labels, t, noise) of each micro-batch of the step that starts at `step` (0-based)."""
+        """(x0, conditioning, t, noise) of each micro-batch of the step that starts at `step`
+        (0-based); conditioning {"labels"} or, for Flux, {"tokens", "txt_mask"}."""
         per_epoch = self.n // self.batch
         epoch, position = step // per_epoch, (step % per_epoch) * self.batch
         index = torch.tensor(epoch_order(self.n, self.seed, epoch)[position:position + self.batch])
@@ -279,11 +293,18 @@ class FlowtrainSyntheticRun:
         labels = self.labels.index_select(0, index)
         micro = self.batch // self.accum
         for m in range(self.accum):
-            x0, y = images[m * micro:(m + 1) * micro], labels[m * micro:(m + 1) * micro]
+            rows = slice(m * micro, (m + 1) * micro)
+            x0, y = images[rows], labels[rows]
             t, noise, drop = self.draw(step, first_row=m * micro, x0=x0)
+            if self.flux:
+                tokens, mask = self.tokens.index_select(0, index)[rows], self.txt_mask.index_select(0, index)[rows]
+                if drop is not None:
+                    mask = mask & ~drop[:, None]
+                yield x0, {"tokens": tokens, "txt_mask": mask}, t, noise
+                continue
             if drop is not None:
                 y = torch.where(drop, torch.full_like(y, self.num_classes), y)
-            yield x0, y, t, noise
+            yield x0, {"labels": y}, t, noise
 
     def draw(self, step: int, first_row: int, x0: torch.Tensor):
         """(t [B] float32, noise like x0, dropout mask [B] or None) of rows [first_row, first_row + B)
@@ -313,8 +334,6 @@ def check_trained_run(run_dir: str, meta: dict, dump: dict, device: torch.device
     first-step loss -- but now every part of the network contributes (at initialisation the
     adaLN-Zero model outputs 0 and the first-step loss does not depend on it)."""
     cfg = read_run_config(os.path.join(run_dir, "config.yaml"))
-    if meta.get("arch", "dit") != "dit":
-        return True, "network parity: skipped (--check-run reproduces DiT runs on synthetic data only)"
     if cfg.get("data.source") != "synthetic":
         return True, f"network parity: skipped ({run_dir} is not a data.source=synthetic run)"
     steps = sorted(int(d.split("-")[1]) for d in os.listdir(os.path.join(run_dir, "checkpoints"))
@@ -329,14 +348,15 @@ def check_trained_run(run_dir: str, meta: dict, dump: dict, device: torch.device
     if not usable:
         return False, f"network parity: FAIL ({run_dir} has no checkpoint K > 0 with a logged step K+1)"
     k = usable[0]
-    data = FlowtrainSyntheticRun(cfg)
+    data = FlowtrainSyntheticRun(cfg, shift=float(meta["shift"]))
+    task = task_of(meta)
     # The reproduction must give the dump's step-0 inputs exactly, or the comparison means nothing.
-    x0, y, t, noise = next(data.micro_batches(0))
-    same = all(torch.equal(a, dump[name]) for a, name in ((x0, "x0"), (y, "labels"), (t, "t"), (noise, "noise")))
+    x0, cond, t, noise = next(data.micro_batches(0))
+    same = all(torch.equal(a, dump[name]) for a, name in ((x0, "x0"), (t, "t"), (noise, "noise")))
+    same = same and all(torch.equal(cond[name], dump[name]) for name in task.conditioning)
     if not same:
         return False, ("network parity: FAIL (could not reproduce flowtrain's step-0 inputs from its config: "
                        "the loader, the synthetic data set or the draw changed; update FlowtrainSyntheticRun)")
-    task = DiTTask(meta)
     model = task.build()
     model.load_state_dict(load_file(os.path.join(run_dir, "checkpoints", f"step-{k:07d}", "model.safetensors")),
                           strict=True)
@@ -344,9 +364,10 @@ def check_trained_run(run_dir: str, meta: dict, dump: dict, device: torch.device
     loss = torch.zeros((), device=device)
     zero_loss = torch.zeros((), device=device)
     with torch.no_grad():
-        for x0, y, t, noise in data.micro_batches(k):
-            x0, y, t, noise = (a.to(device) for a in (x0, y, t, noise))
-            loss += flow_matching_loss(task, model, x0, {"labels": y}, t, noise) / data.accum
+        for x0, cond, t, noise in data.micro_batches(k):
+            x0, t, noise = (a.to(device) for a in (x0, t, noise))
+            cond = {name: c.to(device) for name, c in cond.items()}
+            loss += flow_matching_loss(task, model, x0, cond, t, noise) / data.accum
             zero_loss += F.mse_loss(torch.zeros_like(x0), noise - x0) / data.accum
     ok, line, _, _ = parity_line(f"network, step-{k} weights, step {k + 1} loss", float(loss),
                                  float(metrics[k + 1]["loss"]))
