@@ -207,15 +207,3 @@ class DiT(nn.Module):
             tokens = block(tokens, c)
         return self.unpatchify(self.final_layer(tokens, c))
 
-
-def flow_matching_loss(model: nn.Module, x0: torch.Tensor, labels: torch.Tensor, t: torch.Tensor,
-                       noise: torch.Tensor) -> torch.Tensor:
-    """Rectified flow, Flux/SD3 convention: t=0 data, t=1 noise; x_t = (1-t) x0 + t noise;
-    target v = noise - x0; mean squared error in fp32 over the first C output channels."""
-    tb = t.reshape(-1, *([1] * (x0.dim() - 1)))
-    x_t = (1 - tb) * x0 + tb * noise
-    target = noise - x0
-    v = model(x_t, t, labels)
-    if v.shape[1] != x0.shape[1]:
-        v = v[:, : x0.shape[1]]  # learn-sigma: the velocity is the first C channels
-    return F.mse_loss(v.float(), target.float())

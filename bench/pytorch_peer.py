@@ -1,12 +1,14 @@
 #!/usr/bin/env python3
-"""The plain-PyTorch peer of `flowtrain bench`: the same DiT and the same training step in eager
-PyTorch (or torch.compile), started from flowtrain's initial weights.
+"""The plain-PyTorch peer of `flowtrain bench`: the same model (DiT, or Flux with flowtrain's
+built-in text encoder) and the same training step in eager PyTorch (or torch.compile), started
+from flowtrain's initial weights.
 
     python bench/pytorch_peer.py --dump PARITY.safetensors --steps N --warmup W --threads T \
         [--compile] [--device cpu|cuda] [--json OUT]
 
 1. Parity: builds the model from the dump's metadata, loads its `model.*` weights, computes the
-   flow-matching loss on the dump's x0 / labels / t / noise and compares it with the dump's
+   flow-matching loss on the dump's x0 / conditioning (labels; or tokens + txt_mask) / t / noise
+   and compares it with the dump's
    `loss` (flowtrain's first-step loss on the same inputs). PASS if the relative difference is
    at most 1e-5, else FAIL and exit 1.
 2. Timing: W warm-up steps, then N timed steps of the training step of flowtrain's
@@ -28,12 +30,14 @@ import time
 _T_START = time.perf_counter()
 
 import torch  # noqa: E402
+import torch.nn as nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from safetensors import safe_open  # noqa: E402
 from safetensors.torch import load_file  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from pytorch_dit import DiT, flow_matching_loss  # noqa: E402
+from pytorch_dit import DiT  # noqa: E402
+from pytorch_flux import Flux, TextEncoder, TextToImage  # noqa: E402
 
 # Relative tolerance of the loss parity. Both sides compute the same fp32 function, but possibly
 # with different kernels and summation orders (oneDNN/MKL/cuBLAS blocking, SDPA backend, inductor's
@@ -87,27 +91,115 @@ def quantile(values: list[float], q: float) -> float:
     return v[lo] + (pos - lo) * (v[hi] - v[lo])
 
 
+class DiTTask:
+    """model.arch dit: class labels condition the model; dropped labels become the null class."""
+
+    meta_keys = ["hidden", "depth", "heads", "patch", "input_size", "in_channels", "num_classes", "learn_sigma",
+                 "mlp_ratio", "timestep_scale"]
+    conditioning = ["labels"]
+
+    def __init__(self, meta: dict):
+        self.meta = meta
+        self.num_classes, self.dropout = int(meta["num_classes"]), float(meta["class_dropout"])
+        self.tokens_per_sample = (int(meta["input_size"]) // int(meta["patch"])) ** 2
+
+    def build(self) -> nn.Module:
+        m = self.meta
+        return DiT(input_size=int(m["input_size"]), patch=int(m["patch"]), in_channels=int(m["in_channels"]),
+                   hidden=int(m["hidden"]), depth=int(m["depth"]), heads=int(m["heads"]),
+                   mlp_ratio=float(m["mlp_ratio"]), num_classes=int(m["num_classes"]),
+                   learn_sigma=m["learn_sigma"] == "true", timestep_scale=float(m["timestep_scale"]))
+
+    @staticmethod
+    def velocity(model, x_t, t, cond):
+        return model(x_t, t, cond["labels"])
+
+    def synthetic(self, batch: int) -> dict:
+        return {"labels": torch.randint(0, self.num_classes, (batch,))}
+
+    def drop(self, cond: dict, rows: int, device) -> dict:
+        if self.dropout <= 0:
+            return cond
+        drop = (torch.rand(rows) < self.dropout).to(device)
+        return {"labels": torch.where(drop, torch.full_like(cond["labels"], self.num_classes), cond["labels"])}
+
+
+class FluxTask:
+    """model.arch flux with the built-in text encoder: tokens + mask condition the model; a dropped
+    caption is a row whose mask is cleared (models/text/text_to_image.h)."""
+
+    meta_keys = ["hidden", "depth", "depth_single", "heads", "patch", "input_size", "in_channels", "context_dim",
+                 "vec_dim", "axes_dim", "theta", "mlp_ratio", "guidance_embed", "text_len", "text_encoder_layers",
+                 "text_encoder_heads", "vocab_size", "text_dropout"]
+    conditioning = ["tokens", "txt_mask"]
+
+    def __init__(self, meta: dict):
+        self.meta = meta
+        self.text_len, self.vocab = int(meta["text_len"]), int(meta["vocab_size"])
+        self.dropout = float(meta["text_dropout"])
+        self.tokens_per_sample = (int(meta["input_size"]) // int(meta["patch"])) ** 2 + self.text_len
+
+    def build(self) -> nn.Module:
+        m = self.meta
+        if m["guidance_embed"] == "true" or int(m["text_encoder_layers"]) == 0:
+            raise SystemExit("pytorch_peer: the Flux peer covers the built-in text path without guidance embedding")
+        encoder = TextEncoder(vocab_size=self.vocab, length=self.text_len, width=int(m["context_dim"]),
+                              depth=int(m["text_encoder_layers"]), heads=int(m["text_encoder_heads"]),
+                              pooled_dim=int(m["vec_dim"]))
+        flux = Flux(in_channels=int(m["in_channels"]), patch=int(m["patch"]), hidden=int(m["hidden"]),
+                    heads=int(m["heads"]), depth=int(m["depth"]), depth_single=int(m["depth_single"]),
+                    context_dim=int(m["context_dim"]), vec_dim=int(m["vec_dim"]),
+                    axes_dim=[int(a) for a in m["axes_dim"].split(",")], theta=float(m["theta"]),
+                    mlp_ratio=float(m["mlp_ratio"]))
+        return TextToImage(encoder, flux)
+
+    @staticmethod
+    def velocity(model, x_t, t, cond):
+        return model(x_t, t, cond["tokens"], cond["txt_mask"])
+
+    def synthetic(self, batch: int) -> dict:
+        # Captions of 8 to text_len tokens (ids past the pad / unknown / end-of-text ids), padded.
+        lengths = torch.randint(8, self.text_len + 1, (batch,))
+        mask = torch.arange(self.text_len)[None, :] < lengths[:, None]
+        tokens = torch.where(mask, torch.randint(3, self.vocab, (batch, self.text_len)), torch.zeros((), dtype=torch.long))
+        return {"tokens": tokens, "txt_mask": mask}
+
+    def drop(self, cond: dict, rows: int, device) -> dict:
+        if self.dropout <= 0:
+            return cond
+        keep = (torch.rand(rows) >= self.dropout).to(device)
+        return {"tokens": cond["tokens"], "txt_mask": cond["txt_mask"] & keep[:, None]}
+
+
+def task_of(meta: dict):
+    return FluxTask(meta) if meta.get("arch", "dit") == "flux" else DiTTask(meta)
+
+
+def flow_matching_loss(task, model: nn.Module, x0: torch.Tensor, cond: dict, t: torch.Tensor,
+                       noise: torch.Tensor) -> torch.Tensor:
+    """Rectified flow, Flux/SD3 convention: t=0 data, t=1 noise; x_t = (1-t) x0 + t noise;
+    target v = noise - x0; mean squared error in fp32 over the first C output channels."""
+    tb = t.reshape(-1, *([1] * (x0.dim() - 1)))
+    v = task.velocity(model, (1 - tb) * x0 + tb * noise, t, cond)
+    if v.shape[1] != x0.shape[1]:
+        v = v[:, : x0.shape[1]]  # learn-sigma: the velocity is the first C channels
+    return F.mse_loss(v.float(), (noise - x0).float())
+
+
 def read_dump(path: str):
     with safe_open(path, framework="pt") as f:
         meta = f.metadata() or {}
         tensors = {k: f.get_tensor(k) for k in f.keys()}
-    required = ["hidden", "depth", "heads", "patch", "input_size", "in_channels", "num_classes", "learn_sigma",
-                "mlp_ratio", "timestep_scale", "batch_size", "grad_accum", "lr"] + STEP_KEYS
+    task = task_of(meta)
+    required = task.meta_keys + ["batch_size", "grad_accum", "lr"] + STEP_KEYS
     missing = [k for k in required if k not in meta]
     if missing:
         raise SystemExit(f"{path}: metadata lacks {', '.join(missing)} (not a flowtrain parity dump, or one from an "
                          "older flowtrain: write it again with `flowtrain bench --parity-dump`)")
-    for k in ["x0", "labels", "t", "noise", "loss"]:
+    for k in ["x0", "t", "noise", "loss"] + task.conditioning:
         if k not in tensors:
             raise SystemExit(f"{path}: no tensor '{k}' (not a flowtrain parity dump?)")
-    return meta, tensors
-
-
-def build_model(meta: dict) -> DiT:
-    return DiT(input_size=int(meta["input_size"]), patch=int(meta["patch"]), in_channels=int(meta["in_channels"]),
-               hidden=int(meta["hidden"]), depth=int(meta["depth"]), heads=int(meta["heads"]),
-               mlp_ratio=float(meta["mlp_ratio"]), num_classes=int(meta["num_classes"]),
-               learn_sigma=meta["learn_sigma"] == "true", timestep_scale=float(meta["timestep_scale"]))
+    return meta, tensors, task
 
 
 def read_run_config(path: str) -> dict:
@@ -164,22 +256,36 @@ class FlowtrainSyntheticRun:
     draw_step_inputs -> models/flow_matching.cpp draw_flow_matching_inputs_per_row: each row of the
     global batch from its own CPU generator seeded with step_seed(seed, 0, step, row), drawing t,
     then the row's noise, then its dropout uniform), all from torch's CPU generator, which is the
-    same code in LibTorch and PyTorch. For data-parallel rank 0 of a world of 1."""
+    same code in LibTorch and PyTorch. For data-parallel rank 0 of a world of 1.
+    Flux runs add the synthetic captions (trainer/run_conditioning.cpp synthetic_text_fields: a
+    generator seeded with seed + 1 draws each row's length, then the token ids); a dropped caption
+    is a row whose mask is cleared."""
 
-    def __init__(self, cfg: dict):
+    def __init__(self, cfg: dict, shift: float):
         self.seed = int(cfg["run.seed"])
         self.batch, self.accum = int(cfg["data.batch_size"]), int(cfg["train.grad_accum"])
-        self.num_classes, self.dropout = int(cfg["model.num_classes"]), float(cfg["model.class_dropout"])
-        self.timesteps, self.shift = cfg["flow.timesteps"], float(cfg["flow.shift"])
+        self.flux = cfg.get("model.arch", "dit") == "flux"
+        self.num_classes = int(cfg["model.num_classes"])
+        self.dropout = float(cfg["model.text_dropout" if self.flux else "model.class_dropout"])
+        # The trainer's time shift (flow.shift, or Flux's resolution shift), from the parity dump.
+        self.timesteps, self.shift = cfg["flow.timesteps"], shift
         self.logit_mean, self.logit_std = float(cfg["flow.logit_mean"]), float(cfg["flow.logit_std"])
         channels, side = int(cfg["model.in_channels"]), int(cfg["model.image_size"])
         self.n = max(4096, self.batch)
         gen = torch.Generator().manual_seed(self.seed)
         self.images = torch.randint(0, 256, (self.n, channels, side, side), generator=gen, dtype=torch.uint8)
         self.labels = torch.randint(0, self.num_classes, (self.n,), generator=gen, dtype=torch.long)
+        if self.flux:
+            length, vocab = int(cfg["model.text_len"]), int(cfg["model.vocab_size"])
+            text_gen = torch.Generator().manual_seed(self.seed + 1)
+            lengths = torch.randint(min(8, length), length + 1, (self.n,), generator=text_gen, dtype=torch.long)
+            self.txt_mask = torch.arange(length)[None, :] < lengths[:, None]
+            ids = torch.randint(3, vocab, (self.n, length), generator=text_gen, dtype=torch.long)
+            self.tokens = ids * self.txt_mask.long()
 
     def micro_batches(self, step: int):
-        """(x0, labels, t, noise) of each micro-batch of the step that starts at `step` (0-based)."""
+        """(x0, conditioning, t, noise) of each micro-batch of the step that starts at `step`
+        (0-based); conditioning {"labels"} or, for Flux, {"tokens", "txt_mask"}."""
         per_epoch = self.n // self.batch
         epoch, position = step // per_epoch, (step % per_epoch) * self.batch
         index = torch.tensor(epoch_order(self.n, self.seed, epoch)[position:position + self.batch])
@@ -187,11 +293,18 @@ class FlowtrainSyntheticRun:
         labels = self.labels.index_select(0, index)
         micro = self.batch // self.accum
         for m in range(self.accum):
-            x0, y = images[m * micro:(m + 1) * micro], labels[m * micro:(m + 1) * micro]
+            rows = slice(m * micro, (m + 1) * micro)
+            x0, y = images[rows], labels[rows]
             t, noise, drop = self.draw(step, first_row=m * micro, x0=x0)
+            if self.flux:
+                tokens, mask = self.tokens.index_select(0, index)[rows], self.txt_mask.index_select(0, index)[rows]
+                if drop is not None:
+                    mask = mask & ~drop[:, None]
+                yield x0, {"tokens": tokens, "txt_mask": mask}, t, noise
+                continue
             if drop is not None:
                 y = torch.where(drop, torch.full_like(y, self.num_classes), y)
-            yield x0, y, t, noise
+            yield x0, {"labels": y}, t, noise
 
     def draw(self, step: int, first_row: int, x0: torch.Tensor):
         """(t [B] float32, noise like x0, dropout mask [B] or None) of rows [first_row, first_row + B)
@@ -235,23 +348,26 @@ def check_trained_run(run_dir: str, meta: dict, dump: dict, device: torch.device
     if not usable:
         return False, f"network parity: FAIL ({run_dir} has no checkpoint K > 0 with a logged step K+1)"
     k = usable[0]
-    data = FlowtrainSyntheticRun(cfg)
+    data = FlowtrainSyntheticRun(cfg, shift=float(meta["shift"]))
+    task = task_of(meta)
     # The reproduction must give the dump's step-0 inputs exactly, or the comparison means nothing.
-    x0, y, t, noise = next(data.micro_batches(0))
-    same = all(torch.equal(a, dump[name]) for a, name in ((x0, "x0"), (y, "labels"), (t, "t"), (noise, "noise")))
+    x0, cond, t, noise = next(data.micro_batches(0))
+    same = all(torch.equal(a, dump[name]) for a, name in ((x0, "x0"), (t, "t"), (noise, "noise")))
+    same = same and all(torch.equal(cond[name], dump[name]) for name in task.conditioning)
     if not same:
         return False, ("network parity: FAIL (could not reproduce flowtrain's step-0 inputs from its config: "
                        "the loader, the synthetic data set or the draw changed; update FlowtrainSyntheticRun)")
-    model = build_model(meta)
+    model = task.build()
     model.load_state_dict(load_file(os.path.join(run_dir, "checkpoints", f"step-{k:07d}", "model.safetensors")),
                           strict=True)
     model.to(device)
     loss = torch.zeros((), device=device)
     zero_loss = torch.zeros((), device=device)
     with torch.no_grad():
-        for x0, y, t, noise in data.micro_batches(k):
-            x0, y, t, noise = (a.to(device) for a in (x0, y, t, noise))
-            loss += flow_matching_loss(model, x0, y, t, noise) / data.accum
+        for x0, cond, t, noise in data.micro_batches(k):
+            x0, t, noise = (a.to(device) for a in (x0, t, noise))
+            cond = {name: c.to(device) for name, c in cond.items()}
+            loss += flow_matching_loss(task, model, x0, cond, t, noise) / data.accum
             zero_loss += F.mse_loss(torch.zeros_like(x0), noise - x0) / data.accum
     ok, line, _, _ = parity_line(f"network, step-{k} weights, step {k + 1} loss", float(loss),
                                  float(metrics[k + 1]["loss"]))
@@ -296,22 +412,23 @@ def main() -> int:
     implementation = "pytorch-compile" if args.compile else "pytorch-eager"
 
     # ---- parity ---------------------------------------------------------------------------
-    meta, dump = read_dump(args.dump)
+    meta, dump, task = read_dump(args.dump)
     why = unsupported(meta)
     if why:
         print(f"pytorch_peer: cannot run flowtrain's step with {why}: no comparison", file=sys.stderr)
         return 2
     precision = meta["precision"]
-    model = build_model(meta)
+    model = task.build()
     state = {k[len("model."):]: v for k, v in dump.items() if k.startswith("model.")}
     model.load_state_dict(state, strict=True)  # the names and shapes must match exactly
     model.to(device)
     C = int(meta["in_channels"])
-    x0, labels, t, noise = (dump[k].to(device) for k in ("x0", "labels", "t", "noise"))
+    x0, t, noise = (dump[k].to(device) for k in ("x0", "t", "noise"))
+    cond = {k: dump[k].to(device) for k in task.conditioning}
     reference = float(dump["loss"])
     with torch.no_grad():
-        v = model(((1 - t.view(-1, 1, 1, 1)) * x0 + t.view(-1, 1, 1, 1) * noise), t, labels)
-        eager_loss = float(flow_matching_loss(model, x0, labels, t, noise))
+        v = task.velocity(model, (1 - t.view(-1, 1, 1, 1)) * x0 + t.view(-1, 1, 1, 1) * noise, t, cond)
+        eager_loss = float(flow_matching_loss(task, model, x0, cond, t, noise))
     ok, line, abs_diff, rel_diff = parity_line("eager", eager_loss, reference)
     print(line, flush=True)
     if bool((v == 0).all()):
@@ -331,8 +448,8 @@ def main() -> int:
     batch = int(meta["batch_size"])
     accum = int(meta["grad_accum"])
     micro = batch // accum
-    side, num_classes = int(meta["input_size"]), int(meta["num_classes"])
-    tokens_per_sample = (side // int(meta["patch"])) ** 2
+    side = int(meta["input_size"])
+    tokens_per_sample = task.tokens_per_sample
     model.train()
     params = list(model.parameters())
     trainable = [p for p in params if p.requires_grad]  # pos_embed is fixed, as in flowtrain's AdamW
@@ -345,7 +462,6 @@ def main() -> int:
     grad_clip, ema_decay = float(meta["grad_clip"]), float(meta["ema_decay"])
     ema_warmup = meta["ema_warmup"] == "true"
     ema = [p.detach().clone() for p in params] if ema_decay > 0 else []  # flowtrain's EMA covers every parameter
-    class_dropout = float(meta["class_dropout"])
     logit_mean, logit_std, shift = float(meta["logit_mean"]), float(meta["logit_std"]), float(meta["shift"])
 
     run_model = model
@@ -356,7 +472,7 @@ def main() -> int:
         # model's loss against flowtrain's.
         t0 = time.perf_counter()
         try:
-            compiled_loss = flow_matching_loss(run_model, x0, labels, t, noise)
+            compiled_loss = flow_matching_loss(task, run_model, x0, cond, t, noise)
             compiled_loss.backward()
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
@@ -370,24 +486,25 @@ def main() -> int:
         print(line + f" (compiled in {compile_s:.1f} s)", flush=True)
         parity_ok = parity_ok and ok
     first_loss = eager_loss if not args.compile else float(compiled_loss.detach())
-    del x0, labels, t, noise, dump, state
+    del x0, cond, t, noise, dump, state
 
     def synthetic_batch():
-        # Like flowtrain's synthetic loader: images in [-1, 1] and labels, made on the CPU each step.
+        # Like flowtrain's loader: images in [-1, 1] and their conditioning, made on the CPU each step.
         images = torch.rand(batch, C, side, side) * 2 - 1
-        y = torch.randint(0, num_classes, (batch,))
-        return images, y
+        return images, task.synthetic(batch)
 
     step_count = [0]
 
     def train_step() -> float:
-        images, y = synthetic_batch()
-        images, y = images.to(device), y.to(device)
+        images, conditioning = synthetic_batch()
+        images = images.to(device)
+        conditioning = {k: v.to(device) for k, v in conditioning.items()}
         total = torch.zeros((), device=device)
         for m in range(accum):
-            xm, ym = images[m * micro:(m + 1) * micro], y[m * micro:(m + 1) * micro]
+            xm = images[m * micro:(m + 1) * micro]
+            cm = {k: v[m * micro:(m + 1) * micro] for k, v in conditioning.items()}
             # The flow-matching draw of flowtrain's config, on the CPU like flowtrain's CPU path:
-            # t (logit-normal or uniform, shifted), noise, label dropout.
+            # t (logit-normal or uniform, shifted), noise, conditioning dropout.
             if meta["timesteps"] == "uniform":
                 tm = torch.rand(micro)
             else:
@@ -396,12 +513,10 @@ def main() -> int:
                 tm = shift * tm / (1 + (shift - 1) * tm)
             tm = tm.to(device)
             nm = torch.randn(xm.shape).to(device)
-            if class_dropout > 0:
-                drop = (torch.rand(micro) < class_dropout).to(device)
-                ym = torch.where(drop, torch.full_like(ym, num_classes), ym)
+            cm = task.drop(cm, micro, device)
             # bf16: autocast over the forward and the loss, as flowtrain's train.precision=bf16.
             with torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16"):
-                loss = flow_matching_loss(run_model, xm, ym, tm, nm)
+                loss = flow_matching_loss(task, run_model, xm, cm, tm, nm)
             (loss / accum).backward()
             total += loss.detach() / accum
         if grad_clip > 0:

@@ -1,17 +1,23 @@
-// An in-memory labelled image set: what the IDX source (Fashion-MNIST) and the synthetic source
-// produce, and what the loader draws batches from.
+// An in-memory image set: what the IDX source (Fashion-MNIST), the compositions source and the
+// synthetic source produce, and what the loader draws batches from.
 #pragma once
 
 #include <ATen/ATen.h>
 
 #include <cstdint>
+#include <map>
+#include <string>
 
 namespace flowtrain::data {
 
 struct ImageDataset {
   at::Tensor images;        // uint8 [N, C, H, W]
-  at::Tensor labels;        // int64 [N]
+  at::Tensor labels;        // int64 [N] (all 0 for a data set without classes)
   int64_t num_classes = 0;
+  // Further per-sample tensors, each [N, ...], handed out with the images under their names:
+  // the text of a captioned set ("tokens" int64 [N, L] + "txt_mask" bool [N, L]) or its
+  // precomputed embeddings ("txt" [N, L, D], "txt_mask", "vec" [N, D']).
+  std::map<std::string, at::Tensor> fields;
   int64_t size() const { return images.defined() ? images.size(0) : 0; }
 };
 

@@ -91,6 +91,7 @@ Batch Loader::assemble(const LoaderState& start) {
   // uint8 0..255 -> [−1, 1]
   batch.images = dataset_->images.index_select(0, index).to(at::kFloat).div_(127.5).sub_(1.0);
   batch.labels = dataset_->labels.index_select(0, index);
+  for (const auto& [name, field] : dataset_->fields) batch.fields[name] = field.index_select(0, index);
   const int64_t side = batch.images.size(2);
   if (options_.image_size > side) {
     const int64_t before = (options_.image_size - side) / 2, after = options_.image_size - side - before;
@@ -99,6 +100,7 @@ Batch Loader::assemble(const LoaderState& start) {
   if (options_.pin_memory) {
     batch.images = batch.images.pin_memory();
     batch.labels = batch.labels.pin_memory();
+    for (auto& [name, field] : batch.fields) field = field.pin_memory();
   }
   batch.state_after = {start.epoch, start.position + options_.global_batch};
   return batch;

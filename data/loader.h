@@ -44,6 +44,7 @@ struct LoaderOptions {
 struct Batch {
   at::Tensor images;  // float32 [b, C, S, S] in [−1, 1], b = global_batch / world
   at::Tensor labels;  // int64 [b]
+  std::map<std::string, at::Tensor> fields;  // the data set's per-sample fields, rows of this batch
   LoaderState state_after;  // the loader state once this batch is consumed
 };
 

@@ -65,6 +65,9 @@ class DiffusionModel : public torch::nn::Module {
   virtual int64_t tokens_per_sample() const = 0;
   // How the token count comes about, for messages: "(model.image_size 28 / model.patch 4)²".
   virtual std::string token_layout() const = 0;
+  // The streams context parallelism splits, each on its own (Flux: text, then image); they sum
+  // to tokens_per_sample().
+  virtual std::vector<int64_t> token_streams() const { return {tokens_per_sample()}; }
   virtual int64_t attention_heads() const = 0;
   // Training FLOPs per sample (3 × forward), from the layer shapes (notes/models.md, "FLOPs").
   virtual double train_flops_per_sample() const = 0;

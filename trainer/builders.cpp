@@ -1,12 +1,16 @@
 #include "trainer/builders.h"
 
+#include "data/compositions.h"
 #include "data/fashion_mnist.h"
+#include "trainer/model_registry.h"
+#include "trainer/run_conditioning.h"
 #include "parallel/activation_checkpoint.h"
 #include "trainer/telemetry/memory_stats.h"
 
 #include <ATen/Parallel.h>
 #include <ATen/Context.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
+#include <cmath>
 #include <fmt/format.h>
 
 #include <cstdlib>
@@ -52,9 +56,14 @@ void configure_cuda(const c10::Device& device, const TrainConfig& train) {
 
 std::string context_attention_kind(const Config& c, const models::DiffusionModel& model) {
   const int64_t cp = c.parallel.cp, tokens = model.tokens_per_sample(), heads = model.attention_heads();
-  if (tokens % cp != 0)
-    throw ConfigError(fmt::format("'parallel.cp' {} does not split the model's {} tokens ({}) evenly", cp, tokens,
-                                  model.token_layout()));
+  const std::vector<int64_t> streams = model.token_streams();
+  for (const int64_t stream : streams)
+    if (stream % cp != 0)
+      throw ConfigError(fmt::format("'parallel.cp' {} does not split the model's {} tokens ({}) evenly{}", cp, tokens,
+                                    model.token_layout(),
+                                    streams.size() > 1 ? fmt::format(": each stream ({}) is split on its own",
+                                                                     fmt::join(streams, " + "))
+                                                       : ""));
   const bool heads_split = heads % cp == 0;
   if (c.parallel.cp_attention == "ulysses" && !heads_split)
     throw ConfigError(fmt::format("'parallel.cp_attention' ulysses needs the {} heads to split over 'parallel.cp' {}; "
@@ -76,9 +85,17 @@ std::shared_ptr<const data::ImageDataset> build_dataset(const Config& c) {
   auto dataset = std::make_shared<data::ImageDataset>();
   if (c.data.source == "fashion_mnist") {
     *dataset = data::load_fashion_mnist(c.data.path, "train");
+  } else if (c.data.source == "compositions") {  // captioned canvases: no classes, text fields
+    data::CompositionSet set = data::load_compositions(c.data.path, "train");
+    std::vector<std::string> captions;
+    for (const auto& item : set.items) captions.push_back(item.caption);
+    dataset->images = set.images;
+    dataset->labels = at::zeros({set.images.size(0)}, at::kLong);
+    dataset->fields = text_fields(c, captions);
   } else {  // synthetic: sized like the model's input, for benchmarks and data-free tests
     *dataset = data::make_synthetic_dataset(std::max<int64_t>(4096, c.data.batch_size), c.model.in_channels,
                                             c.model.image_size, c.model.num_classes, static_cast<uint64_t>(c.run.seed));
+    if (!model_family(c.model.arch).class_conditioning) dataset->fields = synthetic_text_fields(c, dataset->size());
   }
   const int64_t channels = dataset->images.size(1), side = dataset->images.size(2);
   const std::string where = c.source_path.empty() ? std::string("config") : c.source_path;
@@ -107,8 +124,15 @@ data::LoaderOptions loader_options(const Config& c, int64_t dp_rank, int64_t dp_
   return lo;
 }
 
-models::TimestepSampler timestep_sampler(const FlowConfig& flow) {
-  return {models::parse_timestep_distribution(flow.timesteps), flow.logit_mean, flow.logit_std, flow.shift};
+double time_shift(const Config& c) {
+  if (!c.flow.resolution_shift) return c.flow.shift;
+  const double tokens = std::pow(static_cast<double>(c.model.image_size / c.model.patch), 2);
+  const double mu = 0.5 + (1.15 - 0.5) / (4096.0 - 256.0) * (tokens - 256.0);
+  return std::exp(mu);
+}
+
+models::TimestepSampler timestep_sampler(const Config& c) {
+  return {models::parse_timestep_distribution(c.flow.timesteps), c.flow.logit_mean, c.flow.logit_std, time_shift(c)};
 }
 
 namespace {

@@ -39,7 +39,7 @@ std::string context_attention_kind(const Config& config, const models::Diffusion
 models::Tensors run_unit(const TrainConfig& train, int64_t index, const models::UnitCall& call,
                          const models::Tensors& inputs);
 
-// Loads data.source; checks the images fit model.in_channels / image_size / num_classes and
+// Loads data.source (compositions: with its text fields, trainer/run_conditioning.h); checks the images fit model.in_channels / image_size / num_classes and
 // throws ConfigError naming the key otherwise.
 std::shared_ptr<const data::ImageDataset> build_dataset(const Config& config);
 
@@ -49,7 +49,12 @@ std::shared_ptr<const data::ImageDataset> build_dataset(const Config& config);
 // `device`: a CUDA device makes the loader pin its batches.
 data::LoaderOptions loader_options(const Config& config, int64_t dp_rank = 0, int64_t dp_size = 1,
                                    const c10::Device& device = c10::Device(c10::kCPU));
-models::TimestepSampler timestep_sampler(const FlowConfig& flow);
+models::TimestepSampler timestep_sampler(const Config& config);
+// The time shift α of training and sampling: flow.shift, or with flow.resolution_shift Flux's
+// exp(μ), μ = 0.5 + (1.15 − 0.5)·(L − 256) / (4096 − 256) for L = (model.image_size / model.patch)²
+// image tokens (black-forest-labs/flux sampling.py get_schedule: its time_shift(μ, 1, t) is
+// t' = α·t / (1 + (α − 1)·t) with α = e^μ, the flow.shift formula).
+double time_shift(const Config& config);
 
 // Sets the intra-op thread count (train.threads; 0 = all cores) and returns it.
 int configure_threads(const TrainConfig& train);

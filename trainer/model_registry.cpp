@@ -19,6 +19,15 @@ void check_common(const ModelConfig& model) {
   if (model.image_size % model.patch != 0)
     throw ConfigError("'model.image_size' (" + std::to_string(model.image_size) + ") must be divisible by 'model.patch' (" +
                       std::to_string(model.patch) + ")");
+  // The patch embedding maps patch² × channels values to the hidden width. Narrower, it has a
+  // null space: the noise there is never seen, so never removed, and stays in every sample (a
+  // 147 → 128 map on 7×7 RGB patches left 19/147 of the noise: speckle over every canvas).
+  const int64_t patch_values = model.patch * model.patch * model.in_channels;
+  if (patch_values > hidden)
+    throw ConfigError(fmt::format("{} is narrower than a patch's {} values ('model.patch' {}² × 'model.in_channels' {}): "
+                                  "the model could never remove the noise in the other {} dimensions; use a wider "
+                                  "model.hidden or a smaller model.patch",
+                                  hidden_text, patch_values, model.patch, model.in_channels, patch_values - hidden));
 }
 
 // ---- DiT ------------------------------------------------------------------------------------
@@ -49,7 +58,11 @@ std::shared_ptr<models::DiffusionModel> build_dit(const ModelConfig& model) {
 ModelCost dit_cost(const ModelConfig& model) {
   const models::DiTOptions o = dit_options(model);
   const models::DiTImpl dit(o);  // DiT's sizes fit a machine (XL/2: 675M parameters)
-  return {models::count_parameters(dit), models::dit_train_flops_per_sample(o), o.num_tokens()};
+  ModelCost cost;
+  cost.parameters = models::count_parameters(dit);
+  cost.train_flops_per_sample = models::dit_train_flops_per_sample(o);
+  cost.tokens_per_sample = o.num_tokens();
+  return cost;
 }
 
 // ---- Flux -----------------------------------------------------------------------------------
@@ -94,18 +107,34 @@ void validate_flux(const ModelConfig& model) {
   if (o.axes_dim.size() != 3)
     throw ConfigError(fmt::format("'model.axes_dim' needs one entry per id axis (time/index, row, column): 3, got {}",
                                   o.axes_dim.size()));
+  if (model.text_encoder_layers > 0 && o.context_dim % model.text_encoder_heads != 0)
+    throw ConfigError(fmt::format("'model.context_dim' ({}, the built-in text encoder's width) must be divisible by "
+                                  "'model.text_encoder_heads' ({})",
+                                  o.context_dim, model.text_encoder_heads));
 }
 
 std::shared_ptr<models::DiffusionModel> build_flux(const ModelConfig& model) {
   auto flux = std::make_shared<models::FluxImpl>(flux_options(model));
   flux->text_dropout = model.text_dropout;
-  return flux;
+  if (!has_builtin_text_encoder(model)) return flux;  // conditioned on precomputed embeddings
+  // The built-in text path: the encoder (built after the transformer, from the same generator) feeds it.
+  models::TextEncoder encoder(text_encoder_options(model));
+  return std::make_shared<models::TextToImageImpl>(encoder, flux, model.text_dropout);
 }
 
 ModelCost flux_cost(const ModelConfig& model) {
   const models::FluxOptions o = flux_options(model);
-  return {models::flux_parameter_count(o), 3.0 * models::flux_forward_flops_per_sample(o),
-          o.image_tokens() + o.text_len};
+  ModelCost cost;
+  cost.parameters = models::flux_parameter_count(o);
+  cost.train_flops_per_sample = 3.0 * models::flux_forward_flops_per_sample(o);
+  cost.tokens_per_sample = o.image_tokens() + o.text_len;
+  if (has_builtin_text_encoder(model)) {
+    const models::TextEncoderOptions t = text_encoder_options(model);
+    cost.text_encoder_parameters = models::text_encoder_parameter_count(t);
+    cost.parameters += cost.text_encoder_parameters;
+    cost.train_flops_per_sample += 3.0 * models::text_encoder_forward_flops_per_sample(t);
+  }
+  return cost;
 }
 
 const std::vector<ModelFamily>& families() {
@@ -151,6 +180,26 @@ models::FluxOptions flux_options(const ModelConfig& m) {
   return o;
 }
 
+models::TextEncoderOptions text_encoder_options(const ModelConfig& m) {
+  const models::FluxOptions f = flux_options(m);
+  models::TextEncoderOptions o;
+  o.vocab_size = m.vocab_size;
+  o.length = m.text_len;
+  o.width = f.context_dim;
+  o.depth = m.text_encoder_layers;
+  o.heads = m.text_encoder_heads;
+  o.pooled_dim = f.vec_dim;
+  return o;
+}
+
+bool has_builtin_text_encoder(const ModelConfig& m) { return m.arch == "flux" && m.text_encoder_layers > 0; }
+
+std::vector<std::string> exported_parts(const ModelConfig& m) {
+  if (has_builtin_text_encoder(m))
+    return {models::TextToImageImpl::kTransformerPrefix, models::TextToImageImpl::kTextEncoderPrefix};
+  return {""};
+}
+
 std::vector<std::string> model_arch_names() {
   std::vector<std::string> names;
   for (const auto& f : families()) names.push_back(f.arch);
@@ -170,14 +219,6 @@ const ModelFamily& model_family(const std::string& arch) {
 }
 
 ModelPreset model_preset(const ModelConfig& model) { return model_family(model.arch).preset(model.size); }
-
-const ModelFamily::ClassConditioning& class_conditioning_of(const ModelFamily& family, const Config& config) {
-  if (!family.class_conditioning)
-    throw ConfigError(fmt::format("'model.arch' {} is conditioned on text, and data.source '{}' provides class labels "
-                                  "only (text data — captions or precomputed embeddings — are not supported yet)",
-                                  family.arch, config.data.source));
-  return family.class_conditioning;
-}
 
 std::shared_ptr<models::DiffusionModel> build_model(const ModelConfig& model) {
   return model_family(model.arch).build(model);

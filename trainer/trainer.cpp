@@ -10,7 +10,9 @@
 #include "trainer/model_registry.h"
 #include "trainer/ema.h"
 #include "trainer/eval/evaluate.h"
+#include "trainer/eval/prompt_following.h"
 #include "trainer/checkpoint/file_util.h"
+#include "trainer/checkpoint/state_dict.h"
 #include "trainer/telemetry/memory_stats.h"
 #include "trainer/eval/sample_grid.h"
 #include "trainer/stop_signal.h"
@@ -42,6 +44,20 @@ std::string format_duration(double s) {
   return fmt::format("{}m{:02d}s", total / 60, total % 60);
 }
 
+// Whether resolve_resume() will look for a checkpoint: resume "auto" with a committed
+// step-N directory, or an explicit one.
+bool has_checkpoints_to_resume(const Config& c) {
+  if (c.checkpoint.resume == "never") return false;
+  if (c.checkpoint.resume != "auto") return true;  // an explicit checkpoint
+  const fs::path dir = fs::path(c.run.out_dir) / "checkpoints";
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) return false;
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.rfind("step-", 0) == 0 && name.find('.') == std::string::npos) return true;  // not a step-N.tmp leftover
+  }
+  return false;
+}
 
 }  // namespace
 
@@ -100,8 +116,16 @@ Trainer::Trainer(Config config, TrainerHooks hooks) : config_(std::move(config))
   // identical on every rank. Built before the run directory: its shape decides the checks below.
   at::manual_seed(static_cast<uint64_t>(config_.run.seed));
   const ModelFamily& family = model_family(config_.model.arch);
-  class_conditioning_ = class_conditioning_of(family, config_);
+  conditioning_ = run_conditioning(config_, dataset_);
   std::shared_ptr<models::DiffusionModel> model = family.build(config_.model);
+  // train.init_from seeds a fresh run only: a run with checkpoints to resume from never re-reads
+  // the file (it may be gone, and the checkpoint has the weights). Loaded before anything is
+  // written, so a file that does not fit stops the run here.
+  const bool init_from = !config_.train.init_from.empty() && !has_checkpoints_to_resume(config_);
+  if (init_from) {
+    load_weights_file(*model, config_.train.init_from, exported_parts(config_.model).front());
+    spdlog::info("initial weights from {}", config_.train.init_from);
+  }
   const std::string cp_attention = config_.parallel.cp > 1 ? context_attention_kind(config_, *model) : "";
   if (config_.eval.every > 0) check_eval_config(config_, *model);  // every rank, up front
   if (distributed) {
@@ -148,11 +172,19 @@ Trainer::Trainer(Config config, TrainerHooks hooks) : config_(std::move(config))
   }
   schedule_ = {config_.optim.lr, config_.optim.warmup_steps, config_.optim.schedule, config_.train.steps,
                config_.optim.min_lr_ratio};
-  timesteps_ = timestep_sampler(config_.flow);
+  timesteps_ = timestep_sampler(config_);
 
   const std::string resume = resolve_resume();
-  if (!resume.empty()) restore(resume);
-  else spdlog::info("starting from scratch (seed {})", config_.run.seed);
+  if (!resume.empty()) {
+    restore(resume);
+  } else {
+    if (!config_.train.init_from.empty() && !init_from)  // every checkpoint there failed verification
+      throw CheckpointError(fmt::format("{}/checkpoints: no checkpoint verifies, and the run's initial weights "
+                                        "(train.init_from {}) were not loaded because checkpoints were expected; "
+                                        "move the directory aside to start afresh",
+                                        config_.run.out_dir, config_.train.init_from));
+    spdlog::info("starting from scratch (seed {})", config_.run.seed);
+  }
 
   loader_ = std::make_unique<data::Loader>(dataset_, loader_options(config_, dp_rank_, dp_size_, device_),
                                            progress_.loader);
@@ -269,7 +301,7 @@ Trainer::StepResult Trainer::train_step() {
   StepResult r{at::zeros({}, at::TensorOptions().dtype(at::kFloat).device(device_)), {}, {}, seconds_since(t_data)};
   // From pinned memory on CUDA: asynchronous copies, ordered before the step's kernels on the stream.
   at::Tensor images = batch.images.to(device_, /*non_blocking=*/true);
-  const models::Conditioning cond = class_conditioning_(batch.labels).to(device_, /*non_blocking=*/true);
+  const models::Conditioning cond = conditioning_.of_batch(batch).to(device_, /*non_blocking=*/true);
   const int64_t micro = images.size(0) / accum;
   const int64_t first_row = dp_rank_ * images.size(0);  // this rank's rows of the global batch
 
@@ -364,14 +396,13 @@ void Trainer::write_samples() {
   at::Tensor samples;
   state_->with_sampling_model([&](const models::VelocityFn& velocity) {  // under FSDP: every rank
     samples = sample_rows_on_all_ranks(config_.sample.num, [&](int64_t first, int64_t count) {
-      return generate_samples(velocity, state_->model(), class_conditioning_, config_.sample, config_.flow,
-                              dataset_->num_classes, device_, first, count);
+      return generate_samples(velocity, state_->model(), conditioning_.of_rows, config_, device_, first, count);
     });
   });
   if (lead()) {
     const std::string path =
         (fs::path(config_.run.out_dir) / "samples" / fmt::format("step-{:07d}.png", progress_.step)).string();
-    at::Tensor grid = sample_grid_image(samples, dataset_->num_classes);
+    at::Tensor grid = sample_grid_image(samples, conditioning_.grid_columns);
     data::write_png(path, grid);
     if (tensorboard_) tensorboard_->add_image("samples", grid, progress_.step);
     spdlog::info("samples {} ({} images, {} {} steps, cfg {}) in {:.1f} s", path, config_.sample.num,
@@ -387,11 +418,29 @@ void Trainer::evaluate() {
   at::Tensor samples;
   state_->with_sampling_model([&](const models::VelocityFn& velocity) {
     samples = sample_rows_on_all_ranks(config_.eval.num, [&](int64_t first, int64_t count) {
-      return generate_eval_samples(velocity, state_->model(), class_conditioning_, config_, device_, first,
+      return generate_eval_samples(velocity, state_->model(), conditioning_.of_eval_rows, config_, device_, first,
                                    count);
     });
   });
-  if (lead()) {
+  if (lead() && config_.data.source == "compositions") {
+    const PromptFollowingReport p = score_prompt_following(samples, config_.data.path, config_.eval.classifier_dir, device_);
+    const std::map<std::string, double> values = {{"eval_prompt_accuracy", p.scores.prompt_accuracy},
+                                                  {"eval_heldout_prompt_accuracy", p.scores.heldout_prompt_accuracy},
+                                                  {"eval_object_accuracy", p.scores.object_accuracy},
+                                                  {"eval_class_accuracy", p.scores.class_accuracy},
+                                                  {"eval_color_accuracy", p.scores.color_accuracy},
+                                                  {"eval_position_accuracy", p.scores.position_accuracy},
+                                                  {"eval_fd", p.fd}};
+    metrics_->write(progress_.step, values);
+    if (tensorboard_) tensorboard_->add_scalars(values, progress_.step);
+    spdlog::info("eval at step {} ({} prompts, {} weights): prompt accuracy {:.1f}% (held-out pairs {:.1f}%, judge's "
+                 "ceiling {:.1f}%) | objects {:.1f}% | class {:.1f}% | colour {:.1f}% | position {:.1f}% | FD {:.3f} "
+                 "(floor {:.3f}) | {:.1f} s",
+                 progress_.step, p.scores.num, state_->has_ema() ? "EMA" : "raw", 100 * p.scores.prompt_accuracy,
+                 100 * p.scores.heldout_prompt_accuracy, 100 * p.prompt_accuracy_ceiling, 100 * p.scores.object_accuracy,
+                 100 * p.scores.class_accuracy, 100 * p.scores.color_accuracy, 100 * p.scores.position_accuracy, p.fd,
+                 p.fd_floor, seconds_since(t0));
+  } else if (lead()) {
     QualityReport q = score_eval_samples(samples, state_->model(), config_, device_);
     const std::map<std::string, double> values = {{"eval_fd", q.fd},
                                                   {"eval_fd_floor", q.fd_floor},

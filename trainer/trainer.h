@@ -19,6 +19,7 @@
 #include "trainer/telemetry/run_log.h"
 #include "trainer/telemetry/tensorboard.h"
 #include "trainer/model_registry.h"
+#include "trainer/run_conditioning.h"
 #include "trainer/train_state.h"
 
 #include <c10/core/Device.h>
@@ -89,7 +90,7 @@ class Trainer {
   parallel::DistEnv env_;
   std::unique_ptr<parallel::Runtime> runtime_;  // null in a single-process run
   int64_t dp_rank_ = 0, dp_size_ = 1;           // this rank's slice of each global batch
-  ModelFamily::ClassConditioning class_conditioning_;  // of model.arch's family: how labels condition it
+  RunConditioning conditioning_;  // what conditions the batches, grids and evaluations
   std::unique_ptr<TrainState> state_;
   LrSchedule schedule_;
   models::TimestepSampler timesteps_;

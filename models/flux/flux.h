@@ -175,6 +175,7 @@ struct FluxImpl : DiffusionModel {
   std::vector<int64_t> sample_shape() const override;
   int64_t tokens_per_sample() const override { return options.image_tokens() + options.text_len; }
   std::string token_layout() const override;
+  std::vector<int64_t> token_streams() const override { return {options.text_len, options.image_tokens()}; }
   int64_t attention_heads() const override { return options.heads; }
   double train_flops_per_sample() const override { return 3.0 * flux_forward_flops_per_sample(options); }
   std::string describe() const override;

@@ -5,6 +5,7 @@
 #include "data/safetensors.h"
 #include "models/classifier.h"
 #include "test_util.h"
+#include "trainer/run_conditioning.h"
 #include "trainer/builders.h"
 #include "trainer/model_registry.h"
 #include "trainer/checkpoint/checkpoint.h"
@@ -179,6 +180,6 @@ TEST(ClassifierEval, UntrainedDiTScoresFarAboveTheFloorAndWritesEvalJson) {
   trainer::Config c100 = c;
   c100.eval.num = 100;
   trainer::QualityReport again =
-      trainer::evaluate_model(*reloaded, trainer::model_family(c.model.arch).class_conditioning, c100, kCpu);
+      trainer::evaluate_model(*reloaded, trainer::run_conditioning(c, nullptr).of_eval_rows, c100, kCpu);
   EXPECT_EQ(again.to_json(), r.to_json());
 }

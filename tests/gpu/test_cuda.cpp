@@ -107,7 +107,7 @@ TEST(Cuda, StepDrawsOnTheDeviceAreReproducibleAndDifferPerSlice) {
   REQUIRE_CUDA();
   flowtrain::trainer::Config c;
   c.run.seed = 5;
-  const auto ts = flowtrain::trainer::timestep_sampler(c.flow);
+  const auto ts = flowtrain::trainer::timestep_sampler(c);
   const auto cuda = at::TensorOptions().device(at::kCUDA);
   at::Tensor x0 = at::zeros({64, 4, 16, 16}, cuda);
   const Conditioning cond{{"labels", at::zeros({64}, cuda.dtype(at::kLong))}};

@@ -2,6 +2,7 @@
 // line, or the --set), which key, and what was allowed; good input round-trips through to_yaml.
 #include "trainer/builders.h"
 #include "trainer/model_registry.h"
+#include "trainer/run_conditioning.h"
 #include "trainer/config/config.h"
 
 #include <gtest/gtest.h>
@@ -91,15 +92,15 @@ TEST(ConfigTest, AllKeysListsEverySettingInFileOrder) {
       "run.name", "run.out_dir", "run.seed", "run.device",
       "model.arch", "model.size", "model.hidden", "model.depth", "model.heads", "model.depth_single",
       "model.context_dim", "model.vec_dim", "model.axes_dim", "model.theta", "model.text_len", "model.text_dropout",
-      "model.patch", "model.image_size",
+      "model.text_encoder_layers", "model.text_encoder_heads", "model.vocab_size", "model.patch", "model.image_size",
       "model.in_channels", "model.num_classes", "model.class_dropout", "model.learn_sigma", "model.mlp_ratio",
-      "flow.timesteps", "flow.logit_mean", "flow.logit_std", "flow.shift",
+      "flow.timesteps", "flow.logit_mean", "flow.logit_std", "flow.shift", "flow.resolution_shift",
       "data.source", "data.path", "data.batch_size", "data.workers", "data.prefetch",
       "optim.lr", "optim.beta1", "optim.beta2", "optim.eps", "optim.weight_decay", "optim.warmup_steps",
       "optim.schedule", "optim.min_lr_ratio", "optim.grad_clip",
       "train.steps", "train.grad_accum", "train.precision", "train.ema_decay", "train.ema_warmup", "train.log_every", "train.threads",
       "train.tensorboard", "train.activation_checkpointing", "train.activation_checkpointing_every", "train.tf32",
-      "sample.every", "sample.num", "sample.steps", "sample.sampler", "sample.cfg_scale", "sample.seed",
+      "train.init_from", "sample.every", "sample.num", "sample.steps", "sample.sampler", "sample.cfg_scale", "sample.seed",
       "checkpoint.every", "checkpoint.keep", "checkpoint.resume",
       "eval.every", "eval.num", "eval.steps", "eval.sampler", "eval.cfg_scale", "eval.seed", "eval.classifier_dir",
       "profile.enabled", "profile.start_step", "profile.num_steps", "profile.record_shapes", "profile.memory",
@@ -333,10 +334,13 @@ Config everything_changed() {
   c.model.theta = 500;
   c.model.text_len = 7;
   c.model.text_dropout = 0.2;
-  c.flow = {"uniform", -0.3, 0.7, 3.0};
+  c.model.text_encoder_layers = 3;
+  c.model.text_encoder_heads = 2;
+  c.model.vocab_size = 512;
+  c.flow = {"uniform", -0.3, 0.7, 3.0, true};
   c.data = {"synthetic", "", 96, 0, 2};
   c.optim = {3e-4, 0.8, 0.95, 1e-6, 0.01, 50, "cosine", 0.1, 0.0};
-  c.train = {12345, 3, "bf16", 0.999, false, 5, 2, false, "full", 2, false};
+  c.train = {12345, 3, "bf16", 0.999, false, 5, 2, false, "full", 2, false, "/tmp/init.safetensors"};
   c.sample = {0, 16, 20, "heun", 4.0, 99};
   c.checkpoint = {100, 0, "never"};
   c.eval = {250, 500, 10, "euler", 2.0, 7, "/tmp/classifiers"};
@@ -434,7 +438,23 @@ TEST(ConfigValidateTest, HiddenMustBeDivisibleByFour) {
   Config c;
   c.model.hidden = 6;
   c.model.heads = 3;
+  c.model.patch = 1;  // 1×1×4 values a patch: narrower than hidden 6
   EXPECT_TRUE(Contains(validate_error(c), "'model.hidden' (6) must be divisible by 4"));
+}
+
+TEST(ConfigValidateTest, HiddenMustHoldAPatch) {
+  // 7×7 RGB patches are 147 values: a hidden width of 128 leaves 19 dimensions of noise unseen.
+  Config c;
+  c.model.arch = "flux";
+  c.model.size = "flux-small";
+  c.model.image_size = 56;
+  c.model.in_channels = 3;
+  c.model.patch = 7;
+  EXPECT_EQ(validate_error(c), "'model.hidden' (128, from model.size) is narrower than a patch's 147 values "
+                               "('model.patch' 7² × 'model.in_channels' 3): the model could never remove the noise "
+                               "in the other 19 dimensions; use a wider model.hidden or a smaller model.patch");
+  c.model.patch = 4;  // 48 values
+  EXPECT_NO_THROW(c.validate());
 }
 
 TEST(ConfigValidateTest, ImageSizeMustBeDivisibleByPatch) {
@@ -475,7 +495,7 @@ TEST(ConfigValidateTest, ChoicesAreCheckedForConfigsBuiltInCode) {
   EXPECT_EQ(validate_error(c), "'model.arch' must be one of dit|flux, got 'unet'");
   c = Config{};
   c.data.source = "imagenet";
-  EXPECT_EQ(validate_error(c), "'data.source' must be one of fashion_mnist|synthetic, got 'imagenet'");
+  EXPECT_EQ(validate_error(c), "'data.source' must be one of fashion_mnist|compositions|synthetic, got 'imagenet'");
   c = Config{};
   c.model.size = "M";
   EXPECT_EQ(validate_error(c), "'model.size' must be one of tiny|S|B|L|XL|flux-dev|flux-schnell|flux-small|flux-tiny, got 'M'");
@@ -513,6 +533,16 @@ TEST(ConfigTest, ContextParallelAttentionFollowsTheModelsTokensAndHeads) {
     context_attention_kind(c, *build_model(c.model));
   });
   EXPECT_NE(tokens.find("'parallel.cp' 2 does not split the model's 49 tokens"), std::string::npos) << tokens;
+  // Flux splits text and image on their own: 15 text + 49 image = 64 tokens split over 2 in
+  // total, but neither stream does.
+  const std::string streams = error_of([&] {
+    const Config c = parse_config("", "cfg.yaml",
+                                  {"model.arch=flux", "model.size=flux-tiny", "model.image_size=14", "model.patch=2",
+                                   "model.in_channels=4", "model.text_len=15", "parallel.cp=2"});
+    context_attention_kind(c, *build_model(c.model));
+  });
+  EXPECT_NE(streams.find("does not split the model's 64 tokens"), std::string::npos) << streams;
+  EXPECT_NE(streams.find("each stream (15 + 49) is split on its own"), std::string::npos) << streams;
 }
 
 TEST(ConfigTest, FluxSizesReportTheirCostWithoutBuildingAndNeedTextData) {
@@ -529,7 +559,7 @@ TEST(ConfigTest, FluxSizesReportTheirCostWithoutBuildingAndNeedTextData) {
             }).find("'model.axes_dim' (16,56,56) must sum to the head dim 32"),
             std::string::npos);
   // A text-conditioned family on a labelled data set: one error naming both keys.
-  const std::string text = error_of([&] { class_conditioning_of(model_family("flux"), dev); });
+  const std::string text = error_of([&] { run_conditioning(dev, nullptr); });
   EXPECT_NE(text.find("'model.arch' flux is conditioned on text, and data.source 'fashion_mnist'"), std::string::npos)
       << text;
 }

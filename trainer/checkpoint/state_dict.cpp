@@ -1,5 +1,7 @@
 #include "trainer/checkpoint/state_dict.h"
 
+#include "data/safetensors.h"
+
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -34,6 +36,46 @@ void load_state_dict(torch::nn::Module& module, const NamedTensors& tensors, con
     if (!used.count(name))
       throw CheckpointError(fmt::format("{}: unexpected tensor '{}' (not in this model; wrong model config?)", source, name));
   }
+}
+
+void load_weights_file(torch::nn::Module& module, const std::string& path, const std::string& prefix) {
+  const data::SafetensorsReader file(path);
+  std::set<std::string> in_file(file.keys().begin(), file.keys().end()), matched;
+  std::vector<std::string> missing, misshaped, unexpected;
+  std::vector<std::pair<std::string, at::Tensor>> targets;
+  for (auto& [name, target] : state_dict(module)) {
+    if (name.compare(0, prefix.size(), prefix) != 0) continue;
+    const std::string key = name.substr(prefix.size());
+    if (!in_file.count(key)) {
+      missing.push_back(key);
+      continue;
+    }
+    matched.insert(key);
+    const std::vector<int64_t> shape = file.shape(key);
+    if (target.sizes() != at::IntArrayRef(shape))
+      misshaped.push_back(fmt::format("{} (file [{}], model [{}])", key, fmt::join(shape, ", "),
+                                      fmt::join(target.sizes(), ", ")));
+    else
+      targets.emplace_back(key, target);
+  }
+  for (const auto& key : file.keys())
+    if (!matched.count(key)) unexpected.push_back(key);
+  if (!missing.empty() || !misshaped.empty() || !unexpected.empty()) {
+    auto list = [](const std::vector<std::string>& keys) {
+      constexpr size_t kShown = 8;
+      std::vector<std::string> shown(keys.begin(), keys.begin() + std::min(kShown, keys.size()));
+      return fmt::format("{}{}", fmt::join(shown, ", "),
+                         keys.size() > kShown ? fmt::format(" … ({} in all)", keys.size()) : std::string());
+    };
+    std::string message = fmt::format("{}: does not fit the model{}", path,
+                                      prefix.empty() ? std::string() : fmt::format(" (its '{}' part)", prefix));
+    if (!missing.empty()) message += fmt::format("; missing keys: {}", list(missing));
+    if (!misshaped.empty()) message += fmt::format("; keys of another shape: {}", list(misshaped));
+    if (!unexpected.empty()) message += fmt::format("; unexpected keys: {}", list(unexpected));
+    throw CheckpointError(message + " (another architecture or size?)");
+  }
+  at::NoGradGuard no_grad;
+  for (auto& [key, target] : targets) target.copy_(file.get(key));
 }
 
 }  // namespace flowtrain::trainer

@@ -26,4 +26,11 @@ NamedTensors state_dict(const torch::nn::Module& module);
 // tensor and `source` (a file path, for the message).
 void load_state_dict(torch::nn::Module& module, const NamedTensors& tensors, const std::string& source);
 
+// `train --init-from FILE`: loads a weights file (safetensors, e.g. a reference checkpoint) into
+// the module's tensors whose names start with `prefix` ("" = all), strictly: each must be in the
+// file under its name without the prefix and with its shape, and the file may hold nothing else.
+// Every problem is collected first, so one CheckpointError names the file and each missing,
+// unexpected and mis-shaped key (with both shapes); nothing is copied unless all fit.
+void load_weights_file(torch::nn::Module& module, const std::string& path, const std::string& prefix);
+
 }  // namespace flowtrain::trainer

@@ -2,7 +2,14 @@
 // point; every user-facing failure arrives here as a typed exception and leaves as one clear
 // error line and a non-zero exit code (2: bad config or usage, 1: anything else).
 #include "data/data_error.h"
+#include "data/compositions.h"
 #include "data/fashion_mnist.h"
+#include "data/png.h"
+#include "data/safetensors.h"
+#include "models/flux/flux.h"
+#include "models/text/text_to_image.h"
+#include "trainer/eval/prompt_following.h"
+#include "trainer/run_conditioning.h"
 #include "trainer/telemetry/memory_stats.h"
 #include "trainer/telemetry/bench.h"
 #include "models/autocast_region.h"
@@ -29,7 +36,12 @@
 
 #include <unistd.h>
 
+#include <ATen/CPUGeneratorImpl.h>
+
+#include <chrono>
 #include <climits>
+#include <filesystem>
+#include <fstream>
 #include <cstdio>
 #include <cstdlib>
 
@@ -51,37 +63,140 @@ int cmd_config(const ConfigArgs& args) {
   trainer::Config c = args.load();
   const trainer::ModelCost cost = trainer::model_family(c.model.arch).cost(c.model);
   std::printf("# resolved config of %s\n", c.source_path.c_str());
-  std::printf("# model: %.3fM parameters (%.2fB), %.4f GFLOP per training sample (3x forward; %ld tokens)\n",
-              cost.parameters / 1e6, cost.parameters / 1e9, cost.train_flops_per_sample / 1e9,
+  const int64_t transformer = cost.parameters - cost.text_encoder_parameters;
+  std::printf("# model: %.3fM parameters (%.2fB)", transformer / 1e6, transformer / 1e9);
+  if (cost.text_encoder_parameters > 0)  // the transformer's count first: the figure its references quote
+    std::printf(" + built-in text encoder %.3fM (%.2fB)", cost.text_encoder_parameters / 1e6,
+                cost.text_encoder_parameters / 1e9);
+  std::printf(", %.4f GFLOP per training sample (3x forward; %ld tokens)\n", cost.train_flops_per_sample / 1e9,
               static_cast<long>(cost.tokens_per_sample));
   std::printf("%s\n", trainer::to_yaml(c).c_str());
   return 0;
 }
 
-int cmd_sample(const ConfigArgs& args, const std::string& checkpoint, std::string out, double cfg_scale,
-               int64_t steps, bool raw) {
+struct SampleArgs {
+  std::string checkpoint, out;
+  double cfg_scale = -1;
+  int64_t steps = 0, seed = -1, per_prompt = 1;
+  bool raw = false;
+  std::vector<std::string> prompts;  // --prompt, repeatable
+  std::string prompts_file;          // --prompts
+  std::string dump_inputs;           // --dump-inputs
+};
+
+std::vector<std::string> read_prompt_lines(const std::string& path) {
+  std::ifstream f(path);
+  if (!f) throw data::DataError(fmt::format("{}: cannot open the prompts file", path));
+  std::vector<std::string> lines;
+  for (std::string line; std::getline(f, line);) lines.push_back(line);  // an empty line: the unconditional prompt
+  if (lines.empty()) throw data::DataError(fmt::format("{}: no prompts", path));
+  return lines;
+}
+
+// The inputs of the reference forward (black-forest-labs/flux Flux.forward) at the first sampling
+// step of `rows`' conditional branch, so a sample can be reproduced in the reference code.
+void dump_flux_inputs(const std::string& path, models::DiffusionModel& model, const at::Tensor& noise,
+                      const models::Conditioning& cond, const models::SamplerOptions& so) {
+  models::Conditioning inner = cond;
+  models::DiffusionModel* transformer = &model;
+  if (auto* t2i = dynamic_cast<models::TextToImageImpl*>(&model)) {
+    inner = t2i->encode(cond);
+    transformer = t2i->transformer.get();
+  }
+  auto* flux = dynamic_cast<models::FluxImpl*>(transformer);
+  if (!flux) throw trainer::ConfigError("--dump-inputs writes the reference Flux forward's inputs: model.arch must be flux");
+  const auto& o = flux->options;
+  const int64_t B = noise.size(0), h = noise.size(2) / o.patch, w = noise.size(3) / o.patch;
+  const at::Tensor& txt = inner.at("txt");
+  const at::Tensor t0 = models::sampling_times(so.steps, so.shift)[0];
+  data::NamedTensors inputs = {{"img", models::pack_latents(noise, o.patch).contiguous()},
+                               {"img_ids", models::image_ids(B, h, w, noise.options()).contiguous()},
+                               {"txt", txt.contiguous()},
+                               {"txt_ids", at::zeros({B, txt.size(1), 3}, txt.options().dtype(at::kFloat))},
+                               {"y", inner.at("vec").contiguous()},
+                               {"timesteps", t0.expand({B}).to(at::kFloat).contiguous()}};
+  if (o.guidance_embed) inputs.emplace_back("guidance", inner.at("guidance").contiguous());
+  for (auto& [name, t] : inputs) t = t.to(at::kCPU, at::kFloat);  // the reference's dtype, whatever autocast made
+  data::write_safetensors(path, inputs, {{"cfg_scale", std::to_string(so.cfg_scale)}, {"steps", std::to_string(so.steps)}});
+  spdlog::info("wrote the first sampling step's inputs to {}", path);
+}
+
+int cmd_sample(const ConfigArgs& args, SampleArgs a) {
   trainer::Config c = args.load();
-  if (cfg_scale >= 0) c.sample.cfg_scale = cfg_scale;
-  if (steps > 0) c.sample.steps = steps;
+  if (a.cfg_scale >= 0) c.sample.cfg_scale = a.cfg_scale;
+  if (a.steps > 0) c.sample.steps = a.steps;
+  if (a.seed >= 0) c.sample.seed = a.seed;
+  const bool from_prompts = !a.prompts.empty() || !a.prompts_file.empty();
+  if (!a.prompts.empty() && !a.prompts_file.empty()) throw trainer::ConfigError("give --prompt or --prompts, not both");
+  if (a.per_prompt < 1) throw trainer::ConfigError("--per-prompt must be >= 1");
+  if (from_prompts && !trainer::has_builtin_text_encoder(c.model))
+    throw trainer::ConfigError(fmt::format("--prompt / --prompts need a model with the built-in text encoder "
+                                           "(model.arch flux, model.text_encoder_layers > 0); this config has {}",
+                                           c.model.arch));
   trainer::setup_logging("");
   trainer::configure_threads(c.train);
   const c10::Device device = trainer::select_device(c.run);
-  const trainer::CheckpointModel loaded = trainer::load_checkpoint_model(c, checkpoint, raw, device);
-  const auto& model = loaded.model;
+  const trainer::CheckpointModel loaded = trainer::load_checkpoint_model(c, a.checkpoint, a.raw, device);
+  auto& model = *loaded.model;
+
+  trainer::RowConditioning rows = loaded.conditioning.of_rows;
+  int64_t num = c.sample.num, columns = loaded.conditioning.grid_columns;
+  std::vector<std::string> prompts = a.prompts;
+  if (from_prompts) {
+    if (!a.prompts_file.empty()) prompts = read_prompt_lines(a.prompts_file);
+    auto cond = std::make_shared<models::Conditioning>(
+        trainer::prompt_conditioning(c, *trainer::data_tokenizer(c), prompts));
+    const int64_t k = a.per_prompt;
+    rows = [cond, k](const at::Tensor& r) { return cond->index_select(at::div(r, k, "floor")); };
+    num = static_cast<int64_t>(prompts.size()) * k;
+    columns = k;
+  }
+  const models::SamplerOptions so =
+      trainer::sampler_options(c.sample.sampler, c.sample.steps, c.sample.cfg_scale, trainer::time_shift(c));
   at::Tensor samples;
   {
     at::NoGradGuard no_grad;
     models::AutocastRegion autocast(c.train.precision == "bf16", device.type());  // as training samples
+    if (!a.dump_inputs.empty()) {
+      const at::Tensor noise = trainer::sample_noise(model, num, c.sample.seed).to(device);
+      dump_flux_inputs(a.dump_inputs, model, noise, rows(at::arange(num, at::kLong)).to(device), so);
+    }
     models::VelocityFn velocity = [&](const at::Tensor& x, const at::Tensor& t, const models::Conditioning& cond) {
-      return model->forward(x, t, cond);
+      return model.forward(x, t, cond);
     };
-    samples = trainer::generate_samples(velocity, *model, loaded.class_conditioning, c.sample, c.flow,
-                                        c.model.num_classes, device);
+    // In chunks of the one draw, so a long --prompts file needs no more memory than a chunk.
+    constexpr int64_t kChunk = 256;
+    std::vector<at::Tensor> chunks;
+    for (int64_t first = 0; first < num; first += kChunk)
+      chunks.push_back(trainer::sample_rows(velocity, model, rows, num, c.sample.seed, so, device, first,
+                                            std::min(kChunk, num - first)));
+    samples = at::cat(chunks);
   }
-  // One column per class of the data set when the model has more class slots than shown.
-  trainer::write_sample_grid(out, samples, std::min<int64_t>(c.model.num_classes, 10));
-  spdlog::info("wrote {} ({} samples from {} weights at step {}, {} {} steps, cfg {})", out, c.sample.num,
+  if (!a.prompts_file.empty()) {  // one PNG per sample: line i, sample k -> (i·K + k).png
+    const std::string dir = a.out.empty() ? "samples" : a.out;
+    std::filesystem::create_directories(dir);
+    const at::Tensor images = samples.clamp(-1, 1).add(1).mul(127.5).round().to(at::kByte);
+    for (int64_t i = 0; i < num; ++i)
+      data::write_png((std::filesystem::path(dir) / fmt::format("{:05d}.png", i)).string(),
+                      images.size(1) == 1 ? images[i][0] : images[i].permute({1, 2, 0}).contiguous());
+    spdlog::info("wrote {} PNGs to {} ({} prompts × {}, {} weights at step {}, {} {} steps, cfg {}, seed {})", num, dir,
+                 prompts.size(), a.per_prompt, loaded.ema ? "EMA" : "raw", loaded.step, c.sample.sampler,
+                 c.sample.steps, c.sample.cfg_scale, c.sample.seed);
+    return 0;
+  }
+  const std::string out = a.out.empty() ? "grid.png" : a.out;
+  trainer::write_sample_grid(out, samples, columns);
+  spdlog::info("wrote {} ({} samples from {} weights at step {}, {} {} steps, cfg {})", out, num,
                loaded.ema ? "EMA" : "raw", loaded.step, c.sample.sampler, c.sample.steps, c.sample.cfg_scale);
+  return 0;
+}
+
+int cmd_make_compositions(data::CompositionsOptions o) {
+  trainer::setup_logging("");
+  const auto t0 = std::chrono::steady_clock::now();
+  data::make_compositions(o);
+  spdlog::info("wrote {} ({} training canvases, {} evaluation prompts, seed {}) in {:.1f} s", o.out_dir, o.num_train,
+               o.num_eval, o.seed, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   return 0;
 }
 
@@ -174,23 +289,49 @@ int main(int argc, char** argv) {
   ConfigArgs train_args, sample_args, config_args;
   auto* train = app.add_subcommand("train", "train a model from a YAML config");
   train_args.add_to(train);
+  std::string init_from;
+  train->add_option("--init-from", init_from,
+                    "initial weights: a safetensors file with the reference key names (= --set train.init_from=FILE)");
 
-  auto* sample = app.add_subcommand("sample", "write a class-conditional sample grid from a checkpoint");
+  auto* sample = app.add_subcommand("sample", "write samples of a checkpoint: a grid (classes, evaluation prompts or "
+                                              "--prompt), or one PNG per line of --prompts");
   sample_args.add_to(sample);
-  std::string sample_checkpoint, sample_out = "grid.png";
-  double sample_cfg = -1;
-  int64_t sample_steps = 0;
-  bool sample_raw = false;
-  sample->add_option("--checkpoint", sample_checkpoint, "checkpoint directory (…/checkpoints/step-NNNNNNN)")->required();
-  sample->add_option("--out", sample_out, "output PNG")->capture_default_str();
-  sample->add_option("--cfg-scale", sample_cfg, "classifier-free guidance scale (default: sample.cfg_scale)");
-  sample->add_option("--steps", sample_steps, "sampler steps (default: sample.steps)");
-  sample->add_flag("--raw", sample_raw, "use the raw weights instead of the EMA weights");
+  SampleArgs sample_options;
+  sample->add_option("--checkpoint", sample_options.checkpoint, "checkpoint directory (…/checkpoints/step-NNNNNNN)")->required();
+  sample->add_option("--out", sample_options.out, "output PNG (grid.png), or the directory of --prompts (samples)");
+  sample->add_option("--cfg-scale", sample_options.cfg_scale, "classifier-free guidance scale (default: sample.cfg_scale)");
+  sample->add_option("--steps", sample_options.steps, "sampler steps (default: sample.steps)");
+  sample->add_option("--seed", sample_options.seed, "noise seed (default: sample.seed)");
+  sample->add_flag("--raw", sample_options.raw, "use the raw weights instead of the EMA weights");
+  sample->add_option("--prompt", sample_options.prompts, "a text prompt (repeatable): one grid row per prompt");
+  sample->add_option("--prompts", sample_options.prompts_file, "a file of prompts, one a line: one PNG per sample in --out");
+  sample->add_option("--per-prompt", sample_options.per_prompt, "samples per prompt")->capture_default_str();
+  sample->add_option("--dump-inputs", sample_options.dump_inputs,
+                     "write the first sampling step's model inputs (img, img_ids, txt, txt_ids, y, timesteps, "
+                     "guidance) as safetensors");
+
+  auto* data_cmd = app.add_subcommand("data", "make data sets");
+  data_cmd->require_subcommand(1);
+  auto* make_compositions = data_cmd->add_subcommand(
+      "make-compositions", "Fashion compositions: captioned 56×56 canvases of 1-2 coloured garments in 4 slots, "
+                           "evaluation prompts and a SentencePiece tokenizer (data/compositions.h)");
+  data::CompositionsOptions compositions;
+  compositions.fashion_dir = data::kFashionMnistDefaultDir;
+  make_compositions->add_option("--out", compositions.out_dir, "output directory (must not exist)")->required();
+  make_compositions->add_option("--num-train", compositions.num_train, "training canvases")->capture_default_str();
+  make_compositions->add_option("--num-eval", compositions.num_eval, "evaluation prompts")->capture_default_str();
+  make_compositions->add_option("--seed", compositions.seed, "seed")->capture_default_str();
+  make_compositions->add_option("--fashion-mnist", compositions.fashion_dir, "Fashion-MNIST directory")
+      ->capture_default_str();
+  make_compositions->add_option("--vocab-size", compositions.vocab_size, "tokenizer pieces (upper bound)")
+      ->capture_default_str();
 
   auto* exporter = app.add_subcommand("export", "write a checkpoint's weights as one safetensors file");
   trainer::ExportOptions export_options;
   exporter->add_option("--checkpoint", export_options.checkpoint_dir, "checkpoint directory")->required();
   exporter->add_option("--out", export_options.out_path, "output .safetensors file")->required();
+  exporter->add_option("--text-encoder-out", export_options.text_encoder_out,
+                       "with a built-in text encoder: its weights' file (--out gets the transformer alone)");
   exporter->add_flag("--ema", export_options.ema, "export the EMA weights");
   exporter->add_option("--dtype", export_options.dtype, "fp32 | bf16")
       ->check(CLI::IsMember({"fp32", "bf16"}))
@@ -202,7 +343,8 @@ int main(int argc, char** argv) {
   ConfigArgs eval_args;
   std::string eval_checkpoint;
   int64_t eval_num = 0;
-  auto* eval = app.add_subcommand("eval", "score a checkpoint's samples: FD, real-vs-real floor, class accuracy, IS");
+  auto* eval = app.add_subcommand("eval", "score a checkpoint's samples: FD, real-vs-real floor, class accuracy, IS; "
+                                          "prompt following for text-to-image (data.source compositions)");
   eval_args.add_to(eval);
   eval->add_option("--checkpoint", eval_checkpoint, "checkpoint directory")->required();
   eval->add_option("--num", eval_num, "generated samples (default: eval.num)");
@@ -258,11 +400,13 @@ int main(int argc, char** argv) {
 
   try {
     if (*train) {
+      if (!init_from.empty()) train_args.overrides.push_back("train.init_from=" + init_from);
       trainer::Trainer t(train_args.load());
       t.run();
       return 0;
     }
-    if (*sample) return cmd_sample(sample_args, sample_checkpoint, sample_out, sample_cfg, sample_steps, sample_raw);
+    if (*sample) return cmd_sample(sample_args, sample_options);
+    if (*make_compositions) return cmd_make_compositions(compositions);
     if (*exporter) {
       auto names = trainer::export_checkpoint(export_options);
       std::fprintf(stderr, "exported %zu tensors to %s\n", names.size(), export_options.out_path.c_str());
@@ -274,8 +418,10 @@ int main(int argc, char** argv) {
       trainer::Config c = eval_args.load();
       trainer::setup_logging("");
       trainer::configure_threads(c.train);
-      trainer::QualityReport report = trainer::evaluate_checkpoint(c, eval_checkpoint, eval_num);
-      std::printf("%s\n", report.to_json().c_str());
+      const std::string json = c.data.source == "compositions"
+                                   ? trainer::evaluate_prompt_following_checkpoint(c, eval_checkpoint, eval_num).to_json()
+                                   : trainer::evaluate_checkpoint(c, eval_checkpoint, eval_num).to_json();
+      std::printf("%s\n", json.c_str());
       return 0;
     }
     if (*train_classifier) return cmd_train_classifier(classifier_args, classifier_force);

@@ -207,6 +207,13 @@ std::vector<Section> build_schema() {
                   .add("text_len", &ModelConfig::text_len, at_least(1), "flux: text tokens per sample")
                   .add("text_dropout", &ModelConfig::text_dropout, range("[)", 0, 1),
                        "flux: probability each text input is zeroed in training (classifier-free guidance)")
+                  .add("text_encoder_layers", &ModelConfig::text_encoder_layers, at_least(0),
+                       "flux: layers of the built-in text encoder (trained jointly, reads captions); 0 = precomputed "
+                       "text embeddings from the data set")
+                  .add("text_encoder_heads", &ModelConfig::text_encoder_heads, at_least(1),
+                       "flux: attention heads of the built-in text encoder (must divide context_dim)")
+                  .add("vocab_size", &ModelConfig::vocab_size, at_least(4),
+                       "flux: token ids of the built-in text encoder (>= the data set tokenizer's pieces)")
                   .add("patch", &ModelConfig::patch, at_least(1), "patch side; must divide image_size")
                   .add("image_size", &ModelConfig::image_size, at_least(1), "input side (pixels or latent cells)")
                   .add("in_channels", &ModelConfig::in_channels, at_least(1), "input channels")
@@ -223,10 +230,14 @@ std::vector<Section> build_schema() {
                   .add("logit_mean", &FlowConfig::logit_mean, any(), "logit_normal mean")
                   .add("logit_std", &FlowConfig::logit_std, above(0), "logit_normal std")
                   .add("shift", &FlowConfig::shift, above(0), "resolution shift alpha; 1 = none")
+                  .add("resolution_shift", &FlowConfig::resolution_shift, any(),
+                       "Flux's shift: alpha = exp(mu), mu linear in image tokens through (256, 0.5) and (4096, "
+                       "1.15); replaces flow.shift")
                   .section);
 
   s.push_back(section("data", &Config::data)
-                  .add("source", &DataConfig::source, one_of({"fashion_mnist", "synthetic"}), "dataset kind")
+                  .add("source", &DataConfig::source, one_of({"fashion_mnist", "compositions", "synthetic"}),
+                       "dataset kind (compositions: `flowtrain data make-compositions`)")
                   .add("path", &DataConfig::path, any(), "dataset directory")
                   .add("batch_size", &DataConfig::batch_size, at_least(1), "global batch (all ranks, all micro-batches)")
                   .add("workers", &DataConfig::workers, at_least(0), "loader threads; 0 = load in the training thread")
@@ -261,6 +272,8 @@ std::vector<Section> build_schema() {
                        "with full: checkpoint every k-th block (1 = all)")
                   .add("tf32", &TrainConfig::tf32, any(),
                        "CUDA: fp32 matmuls on TF32 tensor cores (10-bit mantissa products, fp32 accumulation)")
+                  .add("init_from", &TrainConfig::init_from, any(),
+                       "initial weights (safetensors, reference key names) when starting from scratch; '' = none")
                   .section);
 
   s.push_back(section("sample", &Config::sample)

@@ -39,6 +39,9 @@ struct ModelConfig {
   double theta = 10000.0;       // flux: RoPE base
   int64_t text_len = 512;       // flux: text tokens per sample
   double text_dropout = 0.1;    // flux: probability each text input is zeroed (SD3-style)
+  int64_t text_encoder_layers = 0;  // flux: built-in text encoder layers; 0 = precomputed embeddings
+  int64_t text_encoder_heads = 4;   // flux: built-in text encoder heads
+  int64_t vocab_size = 256;         // flux: built-in text encoder token ids
   int64_t patch = 2;            // 2 | 4 | 8 (any divisor of image_size is accepted)
   int64_t image_size = 32;      // input side (pixels or latent cells)
   int64_t in_channels = 4;
@@ -58,10 +61,13 @@ struct FlowConfig {
   double logit_mean = 0.0;
   double logit_std = 1.0;
   double shift = 1.0;  // resolution shift alpha: t' = a·t / (1 + (a−1)·t); 1 = none
+  // Flux's resolution-dependent shift: alpha = exp(mu), mu linear in the image tokens through
+  // (256, 0.5) and (4096, 1.15) (black-forest-labs/flux sampling.get_schedule); replaces shift.
+  bool resolution_shift = false;
 };
 
 struct DataConfig {
-  std::string source = "fashion_mnist";  // fashion_mnist | synthetic
+  std::string source = "fashion_mnist";  // fashion_mnist | compositions | synthetic
   std::string path = "/usr/share/datasets/fashion-mnist";
   int64_t batch_size = 64;  // global batch (all ranks, all micro-batches)
   int64_t workers = 2;      // background threads assembling batches
@@ -93,6 +99,9 @@ struct TrainConfig {
   std::string activation_checkpointing = "none";
   int64_t activation_checkpointing_every = 1;  // with full: every k-th block (1 = all)
   bool tf32 = true;  // CUDA: fp32 matmuls on TF32 tensor cores (PyTorch's "high" matmul precision)
+  // Initial weights of a run that starts from scratch: a safetensors file with the reference key
+  // names (a Flux transformer: flowtrain export's --out, or BFL's checkpoints), loaded strictly.
+  std::string init_from = "";
 };
 
 struct SampleConfig {

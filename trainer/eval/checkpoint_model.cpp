@@ -10,7 +10,7 @@ CheckpointModel load_checkpoint_model(const Config& config, const std::string& c
                                       const c10::Device& device) {
   const ModelFamily& family = model_family(config.model.arch);
   CheckpointModel out;
-  out.class_conditioning = class_conditioning_of(family, config);
+  out.conditioning = run_conditioning(config, nullptr);
   const CheckpointContents checkpoint = load_checkpoint(checkpoint_dir);
   out.model = family.build(config.model);
   out.ema = !raw && !checkpoint.ema.empty();

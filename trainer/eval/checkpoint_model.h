@@ -5,6 +5,7 @@
 #include "models/model.h"
 #include "trainer/config/config.h"
 #include "trainer/model_registry.h"
+#include "trainer/run_conditioning.h"
 
 #include <c10/core/Device.h>
 
@@ -15,13 +16,13 @@ namespace flowtrain::trainer {
 
 struct CheckpointModel {
   std::shared_ptr<models::DiffusionModel> model;  // in eval mode, on the device
-  ModelFamily::ClassConditioning class_conditioning;
+  RunConditioning conditioning;  // of the config's family and data set (no training rows)
   bool ema = false;  // which weights were loaded
   int64_t step = 0;  // the checkpoint's step
 };
 
-// Builds config.model's family, checks it can be conditioned on this data set's classes (before
-// reading the checkpoint), loads the checkpoint's EMA weights — the raw ones when it has no EMA or
+// Builds config.model's family, checks it can be conditioned on this data set (before reading
+// the checkpoint), loads the checkpoint's EMA weights — the raw ones when it has no EMA or
 // `raw` is set — strictly (names and shapes; errors name the file) and moves the model to `device`.
 CheckpointModel load_checkpoint_model(const Config& config, const std::string& checkpoint_dir, bool raw,
                                       const c10::Device& device);

@@ -1,5 +1,7 @@
 #include "trainer/eval/evaluate.h"
 
+#include "trainer/eval/prompt_following.h"
+
 #include "data/fashion_mnist.h"
 #include "models/autocast_region.h"
 #include "models/classifier.h"
@@ -74,6 +76,7 @@ at::Tensor class_matched_subset(const data::ImageDataset& dataset, int64_t n, ui
 }  // namespace
 
 void check_eval_config(const Config& c, const models::DiffusionModel& model) {
+  if (c.data.source == "compositions") return check_prompt_following_config(c, model);
   const std::string where = c.source_path.empty() ? std::string("config") : c.source_path;
   auto fail = [&](const std::string& what) { throw ConfigError(where + ": " + what); };
   if (c.data.source != "fashion_mnist")
@@ -141,18 +144,17 @@ std::string QualityReport::to_json() const {
 }
 
 at::Tensor generate_eval_samples(const models::VelocityFn& velocity, const models::DiffusionModel& model,
-                                 const ClassConditioning& conditioning, const Config& c, const c10::Device& device,
+                                 const RowConditioning& conditioning, const Config& c, const c10::Device& device,
                                  int64_t first, int64_t count) {
   if (count < 0) {
     first = 0;
     count = c.eval.num;
   }
-  const models::SamplerOptions so = sampler_options(c.eval.sampler, c.eval.steps, c.eval.cfg_scale, c.flow);
+  const models::SamplerOptions so = sampler_options(c.eval.sampler, c.eval.steps, c.eval.cfg_scale, time_shift(c));
   std::vector<at::Tensor> out;
   for (int64_t begin = 0; begin < count; begin += kMaxBatch) {
     const int64_t rows = std::min(kMaxBatch, count - begin);
-    at::Tensor x = sample_classes(velocity, model, conditioning, c.eval.num, c.eval.seed, kClasses, so, device,
-                                  first + begin, rows);
+    at::Tensor x = sample_rows(velocity, model, conditioning, c.eval.num, c.eval.seed, so, device, first + begin, rows);
     // [−1, 1] -> 0…255, rounded as an 8-bit image file would be
     out.push_back(x.clamp(-1.0, 1.0).add(1.0).mul(127.5).round().to(at::kByte));
     if (begin + rows < count) spdlog::info("eval: {}/{} samples", begin + rows, count);  // minutes on a CPU
@@ -160,9 +162,8 @@ at::Tensor generate_eval_samples(const models::VelocityFn& velocity, const model
   return at::cat(out);
 }
 
-QualityReport evaluate_model(models::DiffusionModel& model, const ClassConditioning& conditioning, const Config& config,
-                             const c10::Device& device) {
-  check_eval_config(config, model);
+at::Tensor generate_eval_samples(models::DiffusionModel& model, const RowConditioning& conditioning, const Config& config,
+                                 const c10::Device& device) {
   const bool was_training = model.is_training();
   model.eval();
   at::Tensor samples;
@@ -178,7 +179,13 @@ QualityReport evaluate_model(models::DiffusionModel& model, const ClassCondition
     samples = generate_eval_samples(velocity, model, conditioning, config, device);
   }
   model.train(was_training);
-  return score_eval_samples(samples, model, config, device);
+  return samples;
+}
+
+QualityReport evaluate_model(models::DiffusionModel& model, const RowConditioning& conditioning, const Config& config,
+                             const c10::Device& device) {
+  check_eval_config(config, model);
+  return score_eval_samples(generate_eval_samples(model, conditioning, config, device), model, config, device);
 }
 
 QualityReport score_eval_samples(const at::Tensor& samples, const models::DiffusionModel& model, const Config& config,
@@ -213,7 +220,7 @@ QualityReport evaluate_checkpoint(const Config& config, const std::string& check
   const c10::Device device = select_device(c.run);
   const CheckpointModel loaded = load_checkpoint_model(c, checkpoint_dir, /*raw=*/false, device);
   spdlog::info("eval: {} weights of {} (step {})", loaded.ema ? "EMA" : "raw", checkpoint_dir, loaded.step);
-  QualityReport report = evaluate_model(*loaded.model, loaded.class_conditioning, c, device);
+  QualityReport report = evaluate_model(*loaded.model, loaded.conditioning.of_eval_rows, c, device);
   write_file_atomic((std::filesystem::path(checkpoint_dir) / "eval.json").string(), report.to_json() + "\n");
   return report;
 }

@@ -1,7 +1,9 @@
-// Model-quality evaluation: `flowtrain eval`, and every eval.every steps during training.
+// Model-quality evaluation of class-conditional models: `flowtrain eval`, and every eval.every
+// steps during training. (Text-to-image models are judged on prompt following:
+// trainer/eval/prompt_following.h.)
 //
 // eval.num class-conditional samples (image i of class i % 10, noise from eval.seed, the eval
-// section's sampler / steps / CFG and flow.shift) are scored by the project's Fashion-MNIST
+// section's sampler / steps / CFG and the run's time shift) are scored by the project's Fashion-MNIST
 // classifier (trainer/eval/classifier_cache.h):
 //   fd                        Fréchet distance between the samples' and eval.num real training
 //                             images' penultimate classifier features (FID's formula, our network)
@@ -52,7 +54,8 @@ void check_eval_config(const Config& config, const models::DiffusionModel& model
 // eval.classifier_dir. The model's train/eval mode is restored. Samples in the training
 // precision (train.precision bf16: under autocast), as training's evaluations do. =
 // generate_eval_samples, then score_eval_samples.
-QualityReport evaluate_model(models::DiffusionModel& model, const ClassConditioning& conditioning, const Config& config,
+// `conditioning`: RunConditioning::of_eval_rows (row i of class i % 10).
+QualityReport evaluate_model(models::DiffusionModel& model, const RowConditioning& conditioning, const Config& config,
                              const c10::Device& device);
 
 // Builds the model from config.model, loads the checkpoint's EMA weights (its raw weights when it
@@ -67,8 +70,12 @@ QualityReport evaluate_checkpoint(const Config& config, const std::string& check
 // rows at a time, so the result does not depend on the batching or on how rows are split over
 // ranks (rows past eval.num repeat the last one: padding, see padded_rows).
 at::Tensor generate_eval_samples(const models::VelocityFn& velocity, const models::DiffusionModel& model,
-                                 const ClassConditioning& conditioning, const Config& config, const c10::Device& device,
+                                 const RowConditioning& conditioning, const Config& config, const c10::Device& device,
                                  int64_t first = 0, int64_t count = -1);
+// All eval.num rows from `model` as it is (eval mode and no-grad set here, its mode restored; under
+// autocast when train.precision is bf16, as training's evaluations).
+at::Tensor generate_eval_samples(models::DiffusionModel& model, const RowConditioning& conditioning, const Config& config,
+                                 const c10::Device& device);
 
 // The metrics of eval.num samples from generate_eval_samples (checks the config as
 // evaluate_model does).

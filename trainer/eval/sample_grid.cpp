@@ -1,6 +1,7 @@
 #include "trainer/eval/sample_grid.h"
 
 #include "data/png.h"
+#include "trainer/builders.h"
 
 #include <ATen/CPUGeneratorImpl.h>
 
@@ -15,45 +16,49 @@ at::Tensor padded_rows(const at::Tensor& all, int64_t first, int64_t count) {
   return all.index_select(0, index.to(all.device()));
 }
 
-models::SamplerOptions sampler_options(const std::string& sampler, int64_t steps, double cfg_scale,
-                                       const FlowConfig& flow) {
+models::SamplerOptions sampler_options(const std::string& sampler, int64_t steps, double cfg_scale, double shift) {
   models::SamplerOptions so;
   so.kind = models::parse_sampler(sampler);
   so.steps = steps;
   so.cfg_scale = cfg_scale;
-  so.shift = flow.shift;
+  so.shift = shift;
   return so;
 }
 
-at::Tensor sample_classes(const models::VelocityFn& velocity, const models::DiffusionModel& model,
-                          const ClassConditioning& conditioning, int64_t num, int64_t seed, int64_t num_classes,
-                          const models::SamplerOptions& options, const c10::Device& device, int64_t first,
-                          int64_t count) {
+at::Tensor sample_noise(const models::DiffusionModel& model, int64_t num, int64_t seed) {
   std::vector<int64_t> shape = model.sample_shape();
   shape.insert(shape.begin(), num);
   at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(static_cast<uint64_t>(seed));
-  at::Tensor noise = padded_rows(at::randn(shape, gen), first, count).to(device);
-  at::Tensor labels = padded_rows(at::arange(num, at::TensorOptions().dtype(at::kLong)) % num_classes, first, count);
-  const models::Conditioning cond = conditioning(labels).to(device);
+  return at::randn(shape, gen);
+}
+
+at::Tensor sample_rows(const models::VelocityFn& velocity, const models::DiffusionModel& model,
+                       const RowConditioning& conditioning, int64_t num, int64_t seed,
+                       const models::SamplerOptions& options, const c10::Device& device, int64_t first,
+                       int64_t count) {
+  at::Tensor noise = padded_rows(sample_noise(model, num, seed), first, count).to(device);
+  at::Tensor rows = padded_rows(at::arange(num, at::TensorOptions().dtype(at::kLong)), first, count);
+  const models::Conditioning cond = conditioning(rows).to(device);
   return models::sample(velocity, noise, cond, model.null_conditioning(cond), options).to(at::kCPU);
 }
 
 at::Tensor generate_samples(const models::VelocityFn& velocity, const models::DiffusionModel& model,
-                            const ClassConditioning& conditioning, const SampleConfig& sample, const FlowConfig& flow,
-                            int64_t num_classes, const c10::Device& device, int64_t first, int64_t count) {
-  return sample_classes(velocity, model, conditioning, sample.num, sample.seed, num_classes,
-                        sampler_options(sample.sampler, sample.steps, sample.cfg_scale, flow), device, first, count);
+                            const RowConditioning& conditioning, const Config& c, const c10::Device& device,
+                            int64_t first, int64_t count) {
+  const SampleConfig& s = c.sample;
+  return sample_rows(velocity, model, conditioning, s.num, s.seed,
+                     sampler_options(s.sampler, s.steps, s.cfg_scale, time_shift(c)), device, first, count);
 }
 
-at::Tensor sample_grid_image(const at::Tensor& samples, int64_t num_classes) {
-  const int64_t nrow = std::min<int64_t>(num_classes, samples.size(0));
+at::Tensor sample_grid_image(const at::Tensor& samples, int64_t columns) {
+  const int64_t nrow = std::min<int64_t>(columns, samples.size(0));
   return data::make_image_grid(samples.to(at::kFloat), nrow, /*padding=*/2);
 }
 
-void write_sample_grid(const std::string& path, const at::Tensor& samples, int64_t num_classes) {
+void write_sample_grid(const std::string& path, const at::Tensor& samples, int64_t columns) {
   const auto parent = std::filesystem::path(path).parent_path();
   if (!parent.empty()) std::filesystem::create_directories(parent);
-  data::write_png(path, sample_grid_image(samples, num_classes));
+  data::write_png(path, sample_grid_image(samples, columns));
 }
 
 }  // namespace flowtrain::trainer

@@ -1,5 +1,5 @@
-// Class-conditional sample grids: what training writes every sample.every steps and what
-// `flowtrain sample` writes from a checkpoint.
+// Sample grids: what training writes every sample.every steps and what `flowtrain sample` writes
+// from a checkpoint; and the row sampler evaluations share.
 #pragma once
 
 #include "models/model.h"
@@ -16,31 +16,34 @@ namespace flowtrain::trainer {
 // then computes in the same number of same-sized batches.
 at::Tensor padded_rows(const at::Tensor& all, int64_t first, int64_t count);
 
-// How a class id conditions the model (ModelFamily::class_conditioning).
-using ClassConditioning = std::function<models::Conditioning(const at::Tensor& labels)>;
+// The conditioning of generated rows (int64 [n]): class i % K, prompt i, … (RunConditioning::of_rows).
+using RowConditioning = std::function<models::Conditioning(const at::Tensor& rows)>;
 
-// The sampler settings of a grid or an evaluation (sampler name, steps, CFG scale, flow.shift).
-models::SamplerOptions sampler_options(const std::string& sampler, int64_t steps, double cfg_scale,
-                                       const FlowConfig& flow);
+// The sampler settings of a grid or an evaluation (sampler name, steps, CFG scale, the run's
+// time shift: builders.h time_shift).
+models::SamplerOptions sampler_options(const std::string& sampler, int64_t steps, double cfg_scale, double shift);
 
-// Class-conditional samples of `model`: rows [first, first + count) of a fixed draw of `num`
-// noises from `seed`, row i of class i % num_classes, integrated with `velocity` (the caller sets
-// eval mode / no-grad: TrainState::with_sampling_model) under classifier-free guidance against
-// the model's null conditioning. count < 0: all rows. Returns [count, C, H, W] on the CPU.
-at::Tensor sample_classes(const models::VelocityFn& velocity, const models::DiffusionModel& model,
-                          const ClassConditioning& conditioning, int64_t num, int64_t seed, int64_t num_classes,
-                          const models::SamplerOptions& options, const c10::Device& device, int64_t first = 0,
-                          int64_t count = -1);
+// The fixed draw of `num` noises from `seed` (CPU) that sample_rows integrates: [num, C, H, W].
+at::Tensor sample_noise(const models::DiffusionModel& model, int64_t num, int64_t seed);
 
-// The sample grid (sample.*): image i of class i % num_classes, from noise drawn with
+// Samples of `model`: rows [first, first + count) of a fixed draw of `num` noises from `seed`,
+// row i conditioned on conditioning(i), integrated with `velocity` (the caller sets eval mode /
+// no-grad: TrainState::with_sampling_model) under classifier-free guidance against the model's
+// null conditioning. count < 0: all rows. Returns [count, C, H, W] on the CPU.
+at::Tensor sample_rows(const models::VelocityFn& velocity, const models::DiffusionModel& model,
+                       const RowConditioning& conditioning, int64_t num, int64_t seed,
+                       const models::SamplerOptions& options, const c10::Device& device, int64_t first = 0,
+                       int64_t count = -1);
+
+// The sample grid (sample.* of `config`): image i conditioned on row i, from noise drawn with
 // sample.seed (the same noise at every call, so grids over training are comparable), in [−1, 1].
 at::Tensor generate_samples(const models::VelocityFn& velocity, const models::DiffusionModel& model,
-                            const ClassConditioning& conditioning, const SampleConfig& sample, const FlowConfig& flow,
-                            int64_t num_classes, const c10::Device& device, int64_t first = 0, int64_t count = -1);
+                            const RowConditioning& conditioning, const Config& config, const c10::Device& device,
+                            int64_t first = 0, int64_t count = -1);
 
-// Lays samples out with one class per column (num_classes columns): uint8 [H, W] or [H, W, 3].
-at::Tensor sample_grid_image(const at::Tensor& samples, int64_t num_classes);
+// Lays samples out `columns` to a row (one class per column for class grids): uint8 [H, W] or [H, W, 3].
+at::Tensor sample_grid_image(const at::Tensor& samples, int64_t columns);
 // The same grid written as a PNG, atomically.
-void write_sample_grid(const std::string& path, const at::Tensor& samples, int64_t num_classes);
+void write_sample_grid(const std::string& path, const at::Tensor& samples, int64_t columns);
 
 }  // namespace flowtrain::trainer

@@ -196,21 +196,23 @@ std::string BenchReport::table_lines() const {
 double write_parity_dump(const Config& c, const std::string& path) {
   // Exactly the trainer's first micro-batch: same initialisation seed, same first batch of the
   // loader, same per-step generator (trainer.cpp: Trainer::train_step).
-  if (c.model.arch != "dit")
-    throw ConfigError("--parity-dump: bench/pytorch_peer.py implements model.arch dit only, not '" + c.model.arch + "'");
+  const bool flux = c.model.arch == "flux";
+  if (flux && (!has_builtin_text_encoder(c.model) || flux_options(c.model).guidance_embed))
+    throw ConfigError("--parity-dump: bench/pytorch_peer.py implements Flux with the built-in text encoder "
+                      "(model.text_encoder_layers > 0) and no guidance embedding");
   at::manual_seed(static_cast<uint64_t>(c.run.seed));
-  const ModelFamily& family = model_family(c.model.arch);
-  const auto model = std::dynamic_pointer_cast<models::DiTImpl>(family.build(c.model));
+  const std::shared_ptr<models::DiffusionModel> model = build_model(c.model);
   auto dataset = build_dataset(c);
+  const RunConditioning conditioning = run_conditioning(c, dataset);
   data::LoaderOptions lo = loader_options(c);
   lo.workers = 0;  // the stream does not depend on the worker count
   data::Loader loader(dataset, lo);
   data::Batch batch = loader.next();
   const int64_t micro = batch.images.size(0) / c.train.grad_accum;
   at::Tensor x0 = batch.images.narrow(0, 0, micro);
-  const models::TimestepSampler ts = timestep_sampler(c.flow);
+  const models::TimestepSampler ts = timestep_sampler(c);
   models::FlowMatchingDraw draw = draw_step_inputs(c, ts, model->conditioning_dropout(), x0,
-                                                   family.class_conditioning(batch.labels).rows(0, micro),
+                                                   conditioning.of_batch(batch).rows(0, micro),
                                                    /*step=*/0, /*first_row=*/0);
   models::VelocityFn velocity = [&](const at::Tensor& x, const at::Tensor& t, const models::Conditioning& cond) {
     return model->forward(x, t, cond);
@@ -223,42 +225,59 @@ double write_parity_dump(const Config& c, const std::string& path) {
   data::NamedTensors out;
   for (const auto& p : model->named_parameters()) out.emplace_back("model." + p.key(), p.value().detach());
   out.emplace_back("x0", x0);
-  out.emplace_back("labels", draw.cond.at("labels"));
+  for (const auto& [name, tensor] : draw.cond.tensors()) out.emplace_back(name, tensor);  // after CFG dropout
   out.emplace_back("t", draw.t);
   out.emplace_back("noise", draw.noise);
   out.emplace_back("loss", loss);
-  const auto& o = model->options;
-  data::write_safetensors(path, out,
-                          {{"hidden", std::to_string(o.hidden)},
-                           {"depth", std::to_string(o.depth)},
-                           {"heads", std::to_string(o.heads)},
-                           {"patch", std::to_string(o.patch)},
-                           {"input_size", std::to_string(o.input_size)},
-                           {"in_channels", std::to_string(o.in_channels)},
-                           {"num_classes", std::to_string(o.num_classes)},
-                           {"learn_sigma", o.learn_sigma ? "true" : "false"},
-                           {"mlp_ratio", fmt::format("{}", o.mlp_ratio)},
-                           {"timestep_scale", fmt::format("{}", o.timestep_scale)},
-                           {"batch_size", std::to_string(c.data.batch_size)},
-                           {"grad_accum", std::to_string(c.train.grad_accum)},
-                           {"lr", fmt::format("{}", c.optim.lr)},
-                           {"threads", std::to_string(at::get_num_threads())},
-                           // What the step does, so the peer does the same work or refuses.
-                           {"precision", c.train.precision},
-                           {"grad_clip", fmt::format("{}", c.optim.grad_clip)},
-                           {"ema_decay", fmt::format("{}", c.train.ema_decay)},
-                           {"ema_warmup", c.train.ema_warmup ? "true" : "false"},
-                           {"beta1", fmt::format("{}", c.optim.beta1)},
-                           {"beta2", fmt::format("{}", c.optim.beta2)},
-                           {"eps", fmt::format("{}", c.optim.eps)},
-                           {"weight_decay", fmt::format("{}", c.optim.weight_decay)},
-                           {"class_dropout", fmt::format("{}", c.model.class_dropout)},
-                           {"timesteps", c.flow.timesteps},
-                           {"logit_mean", fmt::format("{}", c.flow.logit_mean)},
-                           {"logit_std", fmt::format("{}", c.flow.logit_std)},
-                           {"shift", fmt::format("{}", c.flow.shift)},
-                           {"activation_checkpointing", c.train.activation_checkpointing},
-                           {"tf32", c.train.tf32 ? "true" : "false"}});
+  std::map<std::string, std::string> meta = {
+      {"arch", c.model.arch},
+      {"patch", std::to_string(c.model.patch)},
+      {"input_size", std::to_string(c.model.image_size)},
+      {"in_channels", std::to_string(c.model.in_channels)},
+      {"hidden", std::to_string(c.model.resolved_hidden())},
+      {"depth", std::to_string(c.model.resolved_depth())},
+      {"heads", std::to_string(c.model.resolved_heads())},
+      {"mlp_ratio", fmt::format("{}", c.model.mlp_ratio)},
+      {"batch_size", std::to_string(c.data.batch_size)},
+      {"grad_accum", std::to_string(c.train.grad_accum)},
+      {"lr", fmt::format("{}", c.optim.lr)},
+      {"threads", std::to_string(at::get_num_threads())},
+      // What the step does, so the peer does the same work or refuses.
+      {"precision", c.train.precision},
+      {"grad_clip", fmt::format("{}", c.optim.grad_clip)},
+      {"ema_decay", fmt::format("{}", c.train.ema_decay)},
+      {"ema_warmup", c.train.ema_warmup ? "true" : "false"},
+      {"beta1", fmt::format("{}", c.optim.beta1)},
+      {"beta2", fmt::format("{}", c.optim.beta2)},
+      {"eps", fmt::format("{}", c.optim.eps)},
+      {"weight_decay", fmt::format("{}", c.optim.weight_decay)},
+      {"class_dropout", fmt::format("{}", c.model.class_dropout)},
+      {"timesteps", c.flow.timesteps},
+      {"logit_mean", fmt::format("{}", c.flow.logit_mean)},
+      {"logit_std", fmt::format("{}", c.flow.logit_std)},
+      {"shift", fmt::format("{}", time_shift(c))},
+      {"activation_checkpointing", c.train.activation_checkpointing},
+      {"tf32", c.train.tf32 ? "true" : "false"}};
+  if (flux) {
+    const models::FluxOptions o = flux_options(c.model);
+    meta.insert({{"depth_single", std::to_string(o.depth_single)},
+                 {"context_dim", std::to_string(o.context_dim)},
+                 {"vec_dim", std::to_string(o.vec_dim)},
+                 {"axes_dim", fmt::format("{}", fmt::join(o.axes_dim, ","))},
+                 {"theta", fmt::format("{}", o.theta)},
+                 {"guidance_embed", o.guidance_embed ? "true" : "false"},
+                 {"text_len", std::to_string(o.text_len)},
+                 {"text_encoder_layers", std::to_string(c.model.text_encoder_layers)},
+                 {"text_encoder_heads", std::to_string(c.model.text_encoder_heads)},
+                 {"vocab_size", std::to_string(c.model.vocab_size)},
+                 {"text_dropout", fmt::format("{}", c.model.text_dropout)}});
+  } else {
+    const models::DiTOptions o = dit_options(c.model);
+    meta.insert({{"num_classes", std::to_string(o.num_classes)},
+                 {"learn_sigma", o.learn_sigma ? "true" : "false"},
+                 {"timestep_scale", fmt::format("{}", o.timestep_scale)}});
+  }
+  data::write_safetensors(path, out, meta);
   return loss.item<double>();
 }
 

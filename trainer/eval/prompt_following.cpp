@@ -1,0 +1,263 @@
+#include "trainer/eval/prompt_following.h"
+
+#include "data/data_error.h"
+#include "trainer/builders.h"
+#include "trainer/checkpoint/file_util.h"
+#include "trainer/eval/checkpoint_model.h"
+#include "trainer/eval/classifier_cache.h"
+#include "trainer/eval/evaluate.h"
+#include "trainer/eval/quality.h"
+#include "trainer/model_registry.h"
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <mutex>
+
+namespace flowtrain::trainer {
+
+namespace {
+
+// [N, 3, 56, 56] uint8 -> slots [N, 4, 3, 28, 28] float in [0, 1], slot order top_left, top_right,
+// bottom_left, bottom_right.
+at::Tensor split_slots(const at::Tensor& canvases) {
+  TORCH_CHECK(canvases.dim() == 4 && canvases.size(1) == 3 && canvases.size(2) == data::kCompositionSide &&
+                  canvases.size(3) == data::kCompositionSide,
+              "prompt following: canvases must be [N, 3, 56, 56], got ", canvases.sizes());
+  const int64_t N = canvases.size(0), S = data::kSlotSide;
+  // [N, 3, 2, 28, 2, 28] -> [N, 2, 2, 3, 28, 28]
+  return canvases.to(at::kFloat).div(255.0).reshape({N, 3, 2, S, 2, S}).permute({0, 2, 4, 1, 3, 5}).reshape({N, 4, 3, S, S});
+}
+
+}  // namespace
+
+std::vector<CanvasReading> read_canvases(const at::Tensor& canvases, models::FashionClassifier& classifier) {
+  const at::Tensor slots = split_slots(canvases);  // [N, 4, 3, S, S]
+  const int64_t N = slots.size(0), S = data::kSlotSide;
+  const at::Tensor grey = std::get<0>(slots.max(2));  // [N, 4, S, S]
+  // A garment is a solid region, sampling noise scattered pixels: a pixel is foreground when it
+  // and the mean of its 3×3 neighbourhood both exceed kForeground (GenEval's detector likewise
+  // ignores texture that is no object).
+  const at::Tensor neighbourhood =
+      at::avg_pool2d(grey.reshape({N * 4, 1, S, S}), {3, 3}, {1, 1}, {1, 1}).reshape({N, 4, S, S});
+  const at::Tensor foreground = (grey > kForeground).logical_and(neighbourhood > kForeground);
+  const at::Tensor counts = foreground.sum({2, 3});  // [N, 4]
+  // Mean rgb / grey over the foreground pixels -> nearest palette colour.
+  const at::Tensor ratio = slots / grey.unsqueeze(2).clamp_min(1e-6);  // [N, 4, 3, S, S]
+  const at::Tensor fg = foreground.unsqueeze(2).to(at::kFloat);
+  const at::Tensor mean_ratio = (ratio * fg).sum({3, 4}) / fg.sum({3, 4}).clamp_min(1.0);  // [N, 4, 3]
+  const at::Tensor palette = data::composition_colors();                                   // [8, 3]
+  const at::Tensor colors = (mean_ratio.unsqueeze(2) - palette.reshape({1, 1, 8, 3})).pow(2).sum(3).argmin(2);
+  // Classes from the grey images, in the classifier's [−1, 1] scale.
+  const at::Tensor logits =
+      models::classify_images(classifier, grey.reshape({N * 4, 1, S, S}).mul(2.0).sub(1.0)).logits;
+  const at::Tensor classes = logits.argmax(1).reshape({N, 4});
+
+  std::vector<CanvasReading> out(N);
+  auto c = counts.accessor<int64_t, 2>();
+  auto k = classes.accessor<int64_t, 2>();
+  auto col = colors.accessor<int64_t, 2>();
+  for (int64_t i = 0; i < N; ++i)
+    for (int64_t s = 0; s < 4; ++s) out[i][s] = {c[i][s] < kMinForeground, k[i][s], col[i][s]};
+  return out;
+}
+
+at::Tensor canvas_features(const at::Tensor& canvases, models::FashionClassifier& classifier) {
+  const at::Tensor slots = split_slots(canvases);
+  const int64_t N = slots.size(0), S = data::kSlotSide;
+  const at::Tensor grey = std::get<0>(slots.max(2));
+  const at::Tensor features =
+      models::classify_images(classifier, grey.reshape({N * 4, 1, S, S}).mul(2.0).sub(1.0)).features;
+  return at::cat({features.reshape({N, 4, -1}).mean(1), slots.mean({3, 4}).reshape({N, 12})}, 1);
+}
+
+PromptScores score_readings(const std::vector<CanvasReading>& readings, const std::vector<data::Composition>& prompts) {
+  TORCH_CHECK(readings.size() == prompts.size(), "prompt following: ", readings.size(), " readings for ",
+              prompts.size(), " prompts");
+  PromptScores s;
+  int64_t objects = 0, objects_right = 0, class_right = 0, color_right = 0, prompts_right = 0, layout_right = 0,
+          heldout_right = 0;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    const CanvasReading& r = readings[i];
+    std::array<bool, data::kNumSlots> wanted{};
+    bool all_right = true;
+    for (const auto& o : prompts[i].objects) {
+      wanted[o.slot] = true;
+      const SlotReading& slot = r[o.slot];
+      const bool cls = !slot.empty && slot.class_id == o.class_id, color = !slot.empty && slot.color == o.color;
+      ++objects;
+      class_right += cls;
+      color_right += color;
+      objects_right += cls && color;
+      all_right = all_right && cls && color;
+    }
+    bool layout = true;
+    for (int64_t slot = 0; slot < data::kNumSlots; ++slot) layout = layout && (wanted[slot] == !r[slot].empty);
+    layout_right += layout;
+    const bool right = all_right && layout;
+    prompts_right += right;
+    if (prompts[i].heldout) {
+      ++s.num_heldout;
+      heldout_right += right;
+    }
+  }
+  s.num = static_cast<int64_t>(prompts.size());
+  auto frac = [](int64_t a, int64_t b) { return b > 0 ? double(a) / double(b) : 0.0; };
+  s.prompt_accuracy = frac(prompts_right, s.num);
+  s.object_accuracy = frac(objects_right, objects);
+  s.class_accuracy = frac(class_right, objects);
+  s.color_accuracy = frac(color_right, objects);
+  s.position_accuracy = frac(layout_right, s.num);
+  s.heldout_prompt_accuracy = frac(heldout_right, s.num_heldout);
+  return s;
+}
+
+std::string PromptFollowingReport::to_json() const {
+  nlohmann::ordered_json j;
+  j["prompt_accuracy"] = scores.prompt_accuracy;
+  j["object_accuracy"] = scores.object_accuracy;
+  j["class_accuracy"] = scores.class_accuracy;
+  j["color_accuracy"] = scores.color_accuracy;
+  j["position_accuracy"] = scores.position_accuracy;
+  if (scores.num_heldout > 0) j["heldout_prompt_accuracy"] = scores.heldout_prompt_accuracy;
+  else j["heldout_prompt_accuracy"] = nullptr;  // no held-out prompt among the first num: not 0, unknown
+  j["prompt_accuracy_ceiling"] = prompt_accuracy_ceiling;
+  j["fd"] = fd;
+  j["fd_floor"] = fd_floor;
+  j["num"] = scores.num;
+  j["num_heldout"] = scores.num_heldout;
+  return j.dump();
+}
+
+namespace {
+
+// One field of the data set's manifest.json; DataError naming the file when it cannot be read.
+template <typename T>
+T manifest_field(const std::string& data_dir, const char* key) {
+  const auto path = std::filesystem::path(data_dir) / "manifest.json";
+  std::ifstream f(path);
+  if (!f) throw data::DataError(fmt::format("{}: cannot open (not a compositions data set?)", path.string()));
+  try {
+    return nlohmann::json::parse(f).at(key).get<T>();
+  } catch (const nlohmann::json::exception& e) {
+    throw data::DataError(fmt::format("{}: no {} ({})", path.string(), key, e.what()));
+  }
+}
+
+std::string fashion_dir_of(const std::string& data_dir) {
+  return manifest_field<std::string>(data_dir, "fashion_mnist_dir");
+}
+
+// What the judge needs of the run, before any model is loaded.
+void check_judgeable_run(const Config& c) {
+  const std::string where = c.source_path.empty() ? std::string("config") : c.source_path;
+  // Precomputed embeddings hold the training captions only: there would be nothing to condition
+  // the evaluation prompts on.
+  if (!has_builtin_text_encoder(c.model))
+    throw ConfigError(fmt::format("{}: prompt following generates the evaluation prompts, which needs the built-in "
+                                  "text encoder (model.arch flux, 'model.text_encoder_layers' > 0)",
+                                  where));
+  const auto prompts = static_cast<int64_t>(data::load_eval_prompts(c.data.path).size());
+  // The Fréchet distance compares eval.num samples with as many training canvases.
+  const auto train = manifest_field<int64_t>(c.data.path, "num_train");
+  const int64_t most = std::min(prompts, train);
+  if (c.eval.num < 2 || c.eval.num > most)
+    throw ConfigError(fmt::format("{}: 'eval.num' is {}; it must be in [2, {}] ({} has {} evaluation prompts and {} "
+                                  "training canvases)",
+                                  where, c.eval.num, most, c.data.path, prompts, train));
+}
+
+// The judge and the real side, loaded once per (data set, classifier cache, device).
+struct PromptEvalContext {
+  TrainedClassifier classifier;
+  std::vector<data::Composition> prompts;
+  at::Tensor real_eval;  // real canvases of the prompts
+  at::Tensor train;      // training canvases
+  std::map<int64_t, std::pair<FeatureStats, double>> references;  // N -> (train stats, fd floor)
+  std::map<int64_t, double> ceilings;
+};
+
+std::mutex g_mutex;
+
+PromptEvalContext& context_for(const std::string& data_dir, const std::string& classifier_dir,
+                               const c10::Device& device) {
+  static std::map<std::string, std::unique_ptr<PromptEvalContext>> contexts;
+  auto& slot = contexts[data_dir + "|" + classifier_dir + "|" + device.str()];
+  if (!slot) {
+    auto ctx = std::make_unique<PromptEvalContext>();
+    ctx->classifier = load_or_train_classifier(classifier_dir, fashion_dir_of(data_dir), device);
+    const data::CompositionSet eval = data::load_compositions(data_dir, "eval");
+    ctx->prompts = eval.items;
+    ctx->real_eval = eval.images;
+    // Only as many training canvases as there are prompts are ever compared (the Fréchet
+    // distance at N = eval.num): keep those, not the whole set, for the life of the process.
+    const at::Tensor train = data::load_compositions(data_dir, "train").images;
+    ctx->train = train.narrow(0, 0, std::min<int64_t>(train.size(0), eval.images.size(0))).clone();
+    slot = std::move(ctx);
+  }
+  return *slot;
+}
+
+}  // namespace
+
+PromptFollowingReport score_prompt_following(const at::Tensor& samples, const std::string& data_dir,
+                                             const std::string& classifier_dir, const c10::Device& device) {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  PromptEvalContext& ctx = context_for(data_dir, classifier_dir, device);
+  const int64_t n = samples.size(0);
+  if (n > static_cast<int64_t>(ctx.prompts.size()) || n > ctx.train.size(0))
+    throw data::DataError(fmt::format("{}: {} samples to score but the set has {} evaluation prompts and {} training "
+                                      "canvases (make it with a larger --num-eval)",
+                                      data_dir, n, ctx.prompts.size(), ctx.train.size(0)));
+  if (n < 2) throw data::DataError("prompt following: needs at least 2 samples");
+  auto& classifier = ctx.classifier.model;
+  const std::vector<data::Composition> prompts(ctx.prompts.begin(), ctx.prompts.begin() + n);
+  PromptFollowingReport report;
+  report.scores = score_readings(read_canvases(samples, classifier), prompts);
+  auto ref = ctx.references.find(n);
+  if (ref == ctx.references.end()) {
+    const FeatureStats train = feature_stats(canvas_features(ctx.train.narrow(0, 0, n), classifier));
+    const at::Tensor real = ctx.real_eval.narrow(0, 0, n);
+    const double floor = frechet_distance(feature_stats(canvas_features(real, classifier)), train);
+    ref = ctx.references.emplace(n, std::make_pair(train, floor)).first;
+    ctx.ceilings[n] = score_readings(read_canvases(real, classifier), prompts).prompt_accuracy;
+  }
+  report.fd = frechet_distance(feature_stats(canvas_features(samples, classifier)), ref->second.first);
+  report.fd_floor = ref->second.second;
+  report.prompt_accuracy_ceiling = ctx.ceilings[n];
+  return report;
+}
+
+void check_prompt_following_config(const Config& c, const models::DiffusionModel& model) {
+  const std::string where = c.source_path.empty() ? std::string("config") : c.source_path;
+  const std::vector<int64_t> shape = model.sample_shape();
+  if (shape != std::vector<int64_t>{3, data::kCompositionSide, data::kCompositionSide})
+    throw ConfigError(fmt::format("{}: prompt following judges 3×56×56 canvases; the model makes {}×{}×{} "
+                                  "('model.in_channels', 'model.image_size')",
+                                  where, shape[0], shape[1], shape[2]));
+  check_judgeable_run(c);
+}
+
+PromptFollowingReport evaluate_prompt_following_checkpoint(const Config& config, const std::string& checkpoint_dir,
+                                                           int64_t num_override) {
+  Config c = config;
+  if (num_override > 0) c.eval.num = num_override;
+  check_judgeable_run(c);
+  const c10::Device device = select_device(c.run);
+  const CheckpointModel loaded = load_checkpoint_model(c, checkpoint_dir, /*raw=*/false, device);
+  check_prompt_following_config(c, *loaded.model);
+  spdlog::info("eval: {} weights of {} (step {}), {} prompts ({} {} steps, cfg {}, seed {})",
+               loaded.ema ? "EMA" : "raw", checkpoint_dir, loaded.step, c.eval.num, c.eval.sampler, c.eval.steps,
+               c.eval.cfg_scale, c.eval.seed);
+  const at::Tensor samples = generate_eval_samples(*loaded.model, loaded.conditioning.of_eval_rows, c, device);
+  PromptFollowingReport report = score_prompt_following(samples, c.data.path, c.eval.classifier_dir, device);
+  write_file_atomic((std::filesystem::path(checkpoint_dir) / "eval.json").string(), report.to_json() + "\n");
+  return report;
+}
+
+}  // namespace flowtrain::trainer

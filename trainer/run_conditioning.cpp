@@ -1,0 +1,156 @@
+#include "trainer/run_conditioning.h"
+
+#include "data/compositions.h"
+#include "data/safetensors.h"
+#include "trainer/model_registry.h"
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include <ATen/CPUGeneratorImpl.h>
+
+#include <filesystem>
+
+namespace flowtrain::trainer {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+bool builtin_text(const Config& c) { return has_builtin_text_encoder(c.model); }
+
+// Captioned data needs a model conditioned on text.
+void require_text_model(const Config& c) {
+  if (c.data.source == "compositions" && model_family(c.model.arch).class_conditioning)
+    throw ConfigError(fmt::format("'model.arch' {} is class-conditional and data.source 'compositions' has captions, "
+                                  "not class labels (use model.arch flux)",
+                                  c.model.arch));
+}
+
+std::string embeddings_path(const Config& c) { return (fs::path(c.data.path) / "text_embeddings.safetensors").string(); }
+
+std::vector<std::string> eval_prompt_captions(const Config& c) {
+  std::vector<std::string> captions;
+  for (const auto& p : data::load_eval_prompts(c.data.path)) captions.push_back(p.caption);
+  return captions;
+}
+
+}  // namespace
+
+std::shared_ptr<const data::Tokenizer> data_tokenizer(const Config& c) {
+  auto tokenizer = std::make_shared<data::Tokenizer>((fs::path(c.data.path) / "tokenizer.model").string());
+  if (tokenizer->vocab_size() > c.model.vocab_size)
+    throw ConfigError(fmt::format("'model.vocab_size' is {} but the tokenizer {} has {} pieces (set it >= {})",
+                                  c.model.vocab_size, tokenizer->path(), tokenizer->vocab_size(),
+                                  tokenizer->vocab_size()));
+  return tokenizer;
+}
+
+models::Conditioning prompt_conditioning(const Config& c, const data::Tokenizer& tokenizer,
+                                         const std::vector<std::string>& prompts) {
+  const auto encoded = tokenizer.encode_batch(prompts, c.model.text_len);
+  constexpr size_t kNamed = 3;  // prompts named one by one; the rest are counted
+  for (size_t i = 0; i < std::min(kNamed, encoded.truncated.size()); ++i)
+    spdlog::warn("prompt {} has more than model.text_len = {} tokens; cut to fit: \"{}\"", encoded.truncated[i] + 1,
+                 c.model.text_len, prompts[encoded.truncated[i]]);
+  if (encoded.truncated.size() > kNamed)
+    spdlog::warn("... and {} more prompts cut to model.text_len = {} tokens", encoded.truncated.size() - kNamed,
+                 c.model.text_len);
+  return {{"tokens", encoded.tokens}, {"txt_mask", encoded.mask}};
+}
+
+std::map<std::string, at::Tensor> text_fields(const Config& c, const std::vector<std::string>& captions) {
+  require_text_model(c);  // before looking for embeddings a class-conditional model could not use
+  if (builtin_text(c)) {
+    const auto tokenizer = data_tokenizer(c);
+    const auto encoded = tokenizer->encode_batch(captions, c.model.text_len);
+    if (!encoded.truncated.empty())
+      spdlog::warn("{} of {} captions have more than model.text_len = {} tokens and are cut, e.g. \"{}\"",
+                   encoded.truncated.size(), captions.size(), c.model.text_len, captions[encoded.truncated[0]]);
+    return {{"tokens", encoded.tokens}, {"txt_mask", encoded.mask}};
+  }
+  // Precomputed embeddings, one row per caption.
+  const std::string path = embeddings_path(c);
+  if (!fs::exists(path))
+    throw ConfigError(fmt::format("'model.text_encoder_layers' is 0 (precomputed text embeddings) but {} does not "
+                                  "exist; set model.text_encoder_layers > 0 to train the built-in text encoder",
+                                  path));
+  const data::SafetensorsReader reader(path);
+  const models::FluxOptions o = flux_options(c.model);
+  const int64_t n = static_cast<int64_t>(captions.size());
+  auto check = [&](const std::string& key, const std::vector<int64_t>& expected, const std::string& why) {
+    if (!reader.contains(key)) throw ConfigError(fmt::format("{}: no tensor '{}' ({})", path, key, why));
+    if (reader.shape(key) != expected)
+      throw ConfigError(fmt::format("{}: '{}' has shape [{}], the config needs [{}] ({})", path, key,
+                                    fmt::join(reader.shape(key), ", "), fmt::join(expected, ", "), why));
+  };
+  check("txt", {n, c.model.text_len, o.context_dim}, "samples × model.text_len × model.context_dim");
+  check("vec", {n, o.vec_dim}, "samples × model.vec_dim");
+  std::map<std::string, at::Tensor> fields = {{"txt", reader.get("txt").to(at::kFloat)},
+                                              {"vec", reader.get("vec").to(at::kFloat)}};
+  if (reader.contains("txt_mask")) {
+    check("txt_mask", {n, c.model.text_len}, "samples × model.text_len");
+    fields["txt_mask"] = reader.get("txt_mask").to(at::kBool);
+  }
+  return fields;
+}
+
+std::map<std::string, at::Tensor> synthetic_text_fields(const Config& c, int64_t n) {
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(static_cast<uint64_t>(c.run.seed) + 1);
+  const int64_t L = c.model.text_len;
+  const at::Tensor lengths = at::randint(std::min<int64_t>(8, L), L + 1, {n}, gen, at::kLong);
+  const at::Tensor mask = at::arange(L, at::kLong).unsqueeze(0) < lengths.unsqueeze(1);
+  if (builtin_text(c)) {
+    const at::Tensor ids = at::randint(data::Tokenizer::kEosId + 1, c.model.vocab_size, {n, L}, gen, at::kLong);
+    return {{"tokens", ids * mask.to(at::kLong)}, {"txt_mask", mask}};
+  }
+  const models::FluxOptions o = flux_options(c.model);
+  return {{"txt", at::randn({n, L, o.context_dim}, gen)}, {"vec", at::randn({n, o.vec_dim}, gen)}, {"txt_mask", mask}};
+}
+
+RunConditioning run_conditioning(const Config& c, std::shared_ptr<const data::ImageDataset> dataset) {
+  const ModelFamily& family = model_family(c.model.arch);
+  RunConditioning rc;
+  if (family.class_conditioning) {
+    require_text_model(c);
+    const auto& of_labels = family.class_conditioning;
+    // Grid rows cycle through the classes the data has (a model may have more label slots).
+    const int64_t classes = dataset && dataset->num_classes > 0 ? dataset->num_classes : c.model.num_classes;
+    rc.of_batch = [of_labels](const data::Batch& b) { return of_labels(b.labels); };
+    rc.of_rows = [of_labels, classes](const at::Tensor& rows) { return of_labels(rows % classes); };
+    rc.of_eval_rows = [of_labels](const at::Tensor& rows) { return of_labels(rows % 10); };
+    rc.grid_columns = std::min<int64_t>(classes, 10);
+    return rc;
+  }
+  if (c.data.source != "compositions" && c.data.source != "synthetic")
+    throw ConfigError(fmt::format("'model.arch' {} is conditioned on text, and data.source '{}' provides class labels "
+                                  "only (use data.source compositions: `flowtrain data make-compositions`)",
+                                  c.model.arch, c.data.source));
+  rc.grid_columns = 8;
+  if (builtin_text(c) && c.data.source == "compositions") {
+    rc.of_batch = [](const data::Batch& b) {
+      return models::Conditioning{{"tokens", b.fields.at("tokens")}, {"txt_mask", b.fields.at("txt_mask")}};
+    };
+    auto prompts = std::make_shared<models::Conditioning>(prompt_conditioning(c, *data_tokenizer(c), eval_prompt_captions(c)));
+    rc.of_rows = [prompts](const at::Tensor& rows) { return prompts->index_select(rows % prompts->batch()); };
+    rc.of_eval_rows = rc.of_rows;
+    return rc;
+  }
+  rc.of_batch = [](const data::Batch& b) {
+    models::Conditioning cond;
+    for (const auto& [name, t] : b.fields) cond.set(name, t);
+    return cond;
+  };
+  rc.of_rows = [dataset](const at::Tensor& rows) {
+    if (!dataset)
+      throw ConfigError("a model on precomputed (or synthetic) text embeddings is sampled on its training samples' "
+                        "text rows, which are not loaded here; sample it from a training run (sample.every)");
+    models::Conditioning cond;
+    for (const auto& [name, t] : dataset->fields) cond.set(name, t);
+    return cond.index_select(rows % dataset->size());
+  };
+  rc.of_eval_rows = rc.of_rows;
+  return rc;
+}
+
+}  // namespace flowtrain::trainer
