@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The one GPU check, run on the H200 machine through the device tool (see ../shared/notes/gpu.md):
-#   here:   ../shared/tools/device-debs.sh .debs dataset-fashion-mnist
+#   here:   ../shared/tools/device-debs.sh .debs dataset-fashion-mnist libsentencepiece0 libsentencepiece-dev
 #           (optional, for the PyTorch comparison) pip download --only-binary :all: --no-deps -d .wheels safetensors
 #   there:  bash scripts/gpu_check.sh          (carry .debs and .wheels; results under $OUT)
 # From a bare machine, in ≤ 8 minutes: builds against that machine's own torch, runs the `gpu`
@@ -27,6 +27,9 @@ sysroot=/tmp/sysroot
 mkdir -p $sysroot
 for f in .debs/*.deb; do dpkg -x "$f" $sysroot; done
 export LD_LIBRARY_PATH=$sysroot/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
+# Libraries linked by name (sentencepiece) and their headers, from the unpacked packages.
+export LIBRARY_PATH=$sysroot/usr/lib/x86_64-linux-gnu:${LIBRARY_PATH:-}
+export CPATH=$sysroot/usr/include:${CPATH:-}
 export FLOWTRAIN_FASHION_MNIST=$sysroot/usr/share/datasets/fashion-mnist
 torch_prefix=$(python3 -c 'import torch;print(torch.utils.cmake_prefix_path)')
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
