@@ -148,6 +148,14 @@ TEST(TextToImage, TrainsResumesBitForBitSamplesFromPromptsAndExportsTwoParts) {
   // The classifier (> 90 % on Fashion-MNIST) reads both garments of most real canvases right.
   EXPECT_GT(json["prompt_accuracy_ceiling"].get<double>(), 0.6);
   EXPECT_TRUE(fs::exists(ckpt(run, 40) + "/eval.json"));
+  // --raw scores the raw weights (other samples than the EMA's: another FD) into its own file.
+  r = run_flowtrain("eval " + config_args(run) + " --checkpoint " + ckpt(run, 40) + " --num 16 --raw");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("eval: raw weights"), std::string::npos) << r.output;
+  const auto raw_json = nlohmann::json::parse(read_file(ckpt(run, 40) + "/eval-raw.json"));
+  EXPECT_NE(raw_json["fd"].get<double>(), json["fd"].get<double>());
+  EXPECT_EQ(nlohmann::json::parse(read_file(ckpt(run, 40) + "/eval.json"))["fd"].get<double>(),
+            json["fd"].get<double>());
 }
 
 TEST(TextToImage, MismatchedDataAndModelsFailWithOneClearError) {

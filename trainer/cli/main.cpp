@@ -343,11 +343,13 @@ int main(int argc, char** argv) {
   ConfigArgs eval_args;
   std::string eval_checkpoint;
   int64_t eval_num = 0;
+  bool eval_raw = false;
   auto* eval = app.add_subcommand("eval", "score a checkpoint's samples: FD, real-vs-real floor, class accuracy, IS; "
                                           "prompt following for text-to-image (data.source compositions)");
   eval_args.add_to(eval);
   eval->add_option("--checkpoint", eval_checkpoint, "checkpoint directory")->required();
   eval->add_option("--num", eval_num, "generated samples (default: eval.num)");
+  eval->add_flag("--raw", eval_raw, "score the raw weights instead of the EMA weights (report: eval-raw.json)");
 
   ConfigArgs classifier_args;
   bool classifier_force = false;
@@ -419,8 +421,8 @@ int main(int argc, char** argv) {
       trainer::setup_logging("");
       trainer::configure_threads(c.train);
       const std::string json = c.data.source == "compositions"
-                                   ? trainer::evaluate_prompt_following_checkpoint(c, eval_checkpoint, eval_num).to_json()
-                                   : trainer::evaluate_checkpoint(c, eval_checkpoint, eval_num).to_json();
+                                   ? trainer::evaluate_prompt_following_checkpoint(c, eval_checkpoint, eval_num, eval_raw).to_json()
+                                   : trainer::evaluate_checkpoint(c, eval_checkpoint, eval_num, eval_raw).to_json();
       std::printf("%s\n", json.c_str());
       return 0;
     }

@@ -15,6 +15,7 @@ CheckpointModel load_checkpoint_model(const Config& config, const std::string& c
   out.model = family.build(config.model);
   out.ema = !raw && !checkpoint.ema.empty();
   out.step = checkpoint.progress.step;
+  out.report_path = (std::filesystem::path(checkpoint_dir) / (raw ? "eval-raw.json" : "eval.json")).string();
   const std::string source =
       (std::filesystem::path(checkpoint_dir) / (out.ema ? "ema.safetensors" : "model.safetensors")).string();
   load_state_dict(*out.model, out.ema ? checkpoint.ema : checkpoint.model, source);

@@ -19,6 +19,9 @@ struct CheckpointModel {
   RunConditioning conditioning;  // of the config's family and data set (no training rows)
   bool ema = false;  // which weights were loaded
   int64_t step = 0;  // the checkpoint's step
+  // Where `flowtrain eval` writes its report: <checkpoint>/eval.json, or eval-raw.json when the
+  // raw weights were asked for, so scoring both never overwrites one with the other.
+  std::string report_path;
 };
 
 // Builds config.model's family, checks it can be conditioned on this data set (before reading

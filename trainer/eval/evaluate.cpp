@@ -214,14 +214,15 @@ QualityReport score_eval_samples(const at::Tensor& samples, const models::Diffus
   return report;
 }
 
-QualityReport evaluate_checkpoint(const Config& config, const std::string& checkpoint_dir, int64_t num_override) {
+QualityReport evaluate_checkpoint(const Config& config, const std::string& checkpoint_dir, int64_t num_override,
+                                  bool raw) {
   Config c = config;
   if (num_override > 0) c.eval.num = num_override;
   const c10::Device device = select_device(c.run);
-  const CheckpointModel loaded = load_checkpoint_model(c, checkpoint_dir, /*raw=*/false, device);
+  const CheckpointModel loaded = load_checkpoint_model(c, checkpoint_dir, raw, device);
   spdlog::info("eval: {} weights of {} (step {})", loaded.ema ? "EMA" : "raw", checkpoint_dir, loaded.step);
   QualityReport report = evaluate_model(*loaded.model, loaded.conditioning.of_eval_rows, c, device);
-  write_file_atomic((std::filesystem::path(checkpoint_dir) / "eval.json").string(), report.to_json() + "\n");
+  write_file_atomic(loaded.report_path, report.to_json() + "\n");
   return report;
 }
 

@@ -59,9 +59,10 @@ QualityReport evaluate_model(models::DiffusionModel& model, const RowConditionin
                              const c10::Device& device);
 
 // Builds the model from config.model, loads the checkpoint's EMA weights (its raw weights when it
-// has none), evaluates on run.device with eval.num = num_override (0 = keep eval.num) and writes
-// the report to <checkpoint_dir>/eval.json atomically.
-QualityReport evaluate_checkpoint(const Config& config, const std::string& checkpoint_dir, int64_t num_override = 0);
+// has none or `raw` is set), evaluates on run.device with eval.num = num_override (0 = keep
+// eval.num) and writes the report atomically to CheckpointModel::report_path.
+QualityReport evaluate_checkpoint(const Config& config, const std::string& checkpoint_dir, int64_t num_override = 0,
+                                  bool raw = false);
 
 // Rows [first, first + count) (count < 0: all eval.num) of the evaluation's samples, integrated
 // with `velocity` (the caller sets eval mode and no-grad): [count, C, S, S] uint8, the model's

@@ -244,19 +244,19 @@ void check_prompt_following_config(const Config& c, const models::DiffusionModel
 }
 
 PromptFollowingReport evaluate_prompt_following_checkpoint(const Config& config, const std::string& checkpoint_dir,
-                                                           int64_t num_override) {
+                                                           int64_t num_override, bool raw) {
   Config c = config;
   if (num_override > 0) c.eval.num = num_override;
   check_judgeable_run(c);
   const c10::Device device = select_device(c.run);
-  const CheckpointModel loaded = load_checkpoint_model(c, checkpoint_dir, /*raw=*/false, device);
+  const CheckpointModel loaded = load_checkpoint_model(c, checkpoint_dir, raw, device);
   check_prompt_following_config(c, *loaded.model);
   spdlog::info("eval: {} weights of {} (step {}), {} prompts ({} {} steps, cfg {}, seed {})",
                loaded.ema ? "EMA" : "raw", checkpoint_dir, loaded.step, c.eval.num, c.eval.sampler, c.eval.steps,
                c.eval.cfg_scale, c.eval.seed);
   const at::Tensor samples = generate_eval_samples(*loaded.model, loaded.conditioning.of_eval_rows, c, device);
   PromptFollowingReport report = score_prompt_following(samples, c.data.path, c.eval.classifier_dir, device);
-  write_file_atomic((std::filesystem::path(checkpoint_dir) / "eval.json").string(), report.to_json() + "\n");
+  write_file_atomic(loaded.report_path, report.to_json() + "\n");
   return report;
 }
 

@@ -80,10 +80,11 @@ PromptFollowingReport score_prompt_following(const at::Tensor& samples, const st
 // must make 3 × 56 × 56 canvases and eval.num must be in [2, evaluation prompts].
 void check_prompt_following_config(const Config& config, const models::DiffusionModel& model);
 
-// `flowtrain eval` of a text-to-image checkpoint: its EMA weights (raw without EMA) generate the
-// first eval.num (num_override > 0: that many) evaluation prompts with the eval section's sampler,
-// scored as above; the report is written to <checkpoint_dir>/eval.json atomically.
+// `flowtrain eval` of a text-to-image checkpoint: its EMA weights (raw without EMA or with `raw`)
+// generate the first eval.num (num_override > 0: that many) evaluation prompts with the eval
+// section's sampler, scored as above; the report is written atomically to
+// CheckpointModel::report_path.
 PromptFollowingReport evaluate_prompt_following_checkpoint(const Config& config, const std::string& checkpoint_dir,
-                                                           int64_t num_override = 0);
+                                                           int64_t num_override = 0, bool raw = false);
 
 }  // namespace flowtrain::trainer
