@@ -30,7 +30,7 @@ TEST(BenchReport, PeakMemoryPerRankIncludesTransientsAndShrinksWhenSharded) {
   r = run_flowtrain("launch --nproc-per-node 2 -- " + bench_args(base + "/world2.json"));
   ASSERT_EQ(r.exit_code, 0) << r.output;
   const auto w1 = nlohmann::json::parse(read_file(base + "/world1.json"));
-  const auto w2 = nlohmann::json::parse(read_file(base + "/world2.json"));  // the last rank to finish wrote it
+  const auto w2 = nlohmann::json::parse(read_file(base + "/world2.json"));  // rank 0 wrote it
 
   EXPECT_EQ(w1["memory_kind"], "cpu peak RSS");
   EXPECT_EQ(w1["allocated_kind"], "cpu tensor allocator");

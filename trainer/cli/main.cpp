@@ -24,6 +24,7 @@
 #include "trainer/config/config.h"
 #include "trainer/model_registry.h"
 #include "trainer/checkpoint/export.h"
+#include "trainer/checkpoint/file_util.h"
 #include "trainer/telemetry/run_log.h"
 #include "trainer/eval/sample_grid.h"
 #include "trainer/trainer.h"
@@ -234,12 +235,9 @@ int cmd_bench(const ConfigArgs& args, const trainer::BenchOptions& options, cons
   if (options.steps < 1) throw trainer::ConfigError("--steps must be >= 1 (0 only with --parity-dump)");
   trainer::BenchReport report = trainer::run_benchmark(c, options);
   std::printf("%s\n", report.to_table().c_str());
-  if (!json_path.empty()) {
-    std::FILE* f = std::fopen(json_path.c_str(), "w");
-    if (!f) throw std::runtime_error("cannot write " + json_path);
-    std::fprintf(f, "%s\n", report.to_json().c_str());
-    std::fclose(f);
-  }
+  // One writer: every rank of a multi-rank bench holds the per-rank peaks (all-gathered), and
+  // ranks writing the same path at once interleave their bytes into invalid JSON.
+  if (!json_path.empty() && report.rank == 0) trainer::write_file_atomic(json_path, report.to_json() + "\n");
   return 0;
 }
 
