@@ -25,9 +25,9 @@ const std::vector<FluxSize>& flux_sizes() {
   static const std::vector<FluxSize> sizes = {
       {"flux-dev", 3072, 24, 19, 38, {16, 56, 56}, 4096, 768, true},
       {"flux-schnell", 3072, 24, 19, 38, {16, 56, 56}, 4096, 768, false},
-      // CPU sizes: head dim 32 split (8, 12, 12) like Flux's (16, 56, 56) of 128. flux-small is
-      // configs/fashion_t2i.yaml's model (2.8M parameters with its text encoder).
-      {"flux-small", 128, 4, 2, 4, {8, 12, 12}, 128, 128, false},
+      // CPU sizes, their RoPE axes split like Flux's (16, 56, 56) of 128. flux-small is
+      // configs/fashion_t2i.yaml's model: head dim 48 = (8, 20, 20), text widths 128.
+      {"flux-small", 192, 4, 2, 4, {8, 20, 20}, 128, 128, false},
       {"flux-tiny", 64, 2, 1, 2, {8, 12, 12}, 32, 16, false},
   };
   return sizes;

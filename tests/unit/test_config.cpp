@@ -443,17 +443,17 @@ TEST(ConfigValidateTest, HiddenMustBeDivisibleByFour) {
 }
 
 TEST(ConfigValidateTest, HiddenMustHoldAPatch) {
-  // 7×7 RGB patches are 147 values: a hidden width of 128 leaves 19 dimensions of noise unseen.
+  // 14×14 RGB patches are 588 values: a hidden width of 192 leaves 396 dimensions of noise unseen.
   Config c;
   c.model.arch = "flux";
   c.model.size = "flux-small";
   c.model.image_size = 56;
   c.model.in_channels = 3;
-  c.model.patch = 7;
-  EXPECT_EQ(validate_error(c), "'model.hidden' (128, from model.size) is narrower than a patch's 147 values "
-                               "('model.patch' 7² × 'model.in_channels' 3): the model could never remove the noise "
-                               "in the other 19 dimensions; use a wider model.hidden or a smaller model.patch");
-  c.model.patch = 4;  // 48 values
+  c.model.patch = 14;
+  EXPECT_EQ(validate_error(c), "'model.hidden' (192, from model.size) is narrower than a patch's 588 values "
+                               "('model.patch' 14² × 'model.in_channels' 3): the model could never remove the noise "
+                               "in the other 396 dimensions; use a wider model.hidden or a smaller model.patch");
+  c.model.patch = 7;  // 147 values: the default config's
   EXPECT_NO_THROW(c.validate());
 }
 
