@@ -6,6 +6,7 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <zlib.h>
 
 #include <nlohmann/json.hpp>
 
@@ -73,8 +74,10 @@ std::string errno_text() { return std::strerror(errno); }
 
 // --- writing -----------------------------------------------------------------------------------
 
-void write_all(int fd, const void* data, uint64_t size, const std::string& tmp_path) {
+// Appends `size` bytes to the file and folds them into `written` (size and running CRC-32).
+void write_all(int fd, const void* data, uint64_t size, const std::string& tmp_path, WrittenFile& written) {
   const char* p = static_cast<const char*>(data);
+  written.bytes += size;
   while (size > 0) {
     // write() may be partial (and is capped near 2 GiB per call on Linux), so loop.
     const size_t chunk = static_cast<size_t>(std::min<uint64_t>(size, 1u << 30));
@@ -83,6 +86,8 @@ void write_all(int fd, const void* data, uint64_t size, const std::string& tmp_p
       if (errno == EINTR) continue;
       throw DataError("safetensors: cannot write " + tmp_path + ": " + errno_text());
     }
+    written.crc32 = static_cast<uint32_t>(
+        ::crc32(written.crc32, reinterpret_cast<const Bytef*>(p), static_cast<uInt>(n)));  // n <= 1 GiB
     p += n;
     size -= static_cast<uint64_t>(n);
   }
@@ -149,8 +154,8 @@ bool checked_mul(uint64_t a, uint64_t b, uint64_t* out) { return !__builtin_mul_
 
 }  // namespace
 
-void write_safetensors(const std::string& path, const NamedTensors& tensors,
-                       const std::map<std::string, std::string>& metadata) {
+WrittenFile write_safetensors(const std::string& path, const NamedTensors& tensors,
+                              const std::map<std::string, std::string>& metadata) {
   const std::string where = "safetensors file " + path + ": ";
   // Header first: sizes are known without copying, so CUDA tensors are staged one at a time below
   // instead of all at once.
@@ -190,15 +195,17 @@ void write_safetensors(const std::string& path, const NamedTensors& tensors,
   for (int i = 0; i < 8; ++i) length[i] = static_cast<unsigned char>(uint64_t{json.size()} >> (8 * i));
 
   TempFile tmp(path + ".tmp");
-  write_all(tmp.fd(), length, sizeof(length), tmp.path());
-  write_all(tmp.fd(), json.data(), json.size(), tmp.path());
+  WrittenFile written;
+  write_all(tmp.fd(), length, sizeof(length), tmp.path(), written);
+  write_all(tmp.fd(), json.data(), json.size(), tmp.path(), written);
   for (const auto& [name, tensor] : tensors) {
     const at::Tensor cpu = tensor.to(at::kCPU).contiguous();
     const uint64_t nbytes = static_cast<uint64_t>(cpu.numel()) * cpu.element_size();
-    if (nbytes > 0) write_all(tmp.fd(), cpu.data_ptr(), nbytes, tmp.path());
+    if (nbytes > 0) write_all(tmp.fd(), cpu.data_ptr(), nbytes, tmp.path(), written);
   }
   tmp.commit_to(path);
   fsync_directory_of(path);
+  return written;
 }
 
 // --- SafetensorsReader -------------------------------------------------------------------------

@@ -23,7 +23,13 @@ using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
 // of 8 bytes so the data buffer starts 8-aligned, as the reference writer does.
 // Throws DataError (naming the file) on a duplicate or reserved name, an unsupported dtype or
 // layout, or an I/O failure.
-void write_safetensors(const std::string& path, const NamedTensors& tensors,
+// Returns the file's size and CRC-32 (zlib polynomial), computed over the bytes as they are
+// written: a checkpoint records them without reading the file back.
+struct WrittenFile {
+  uint64_t bytes = 0;
+  uint32_t crc32 = 0;
+};
+WrittenFile write_safetensors(const std::string& path, const NamedTensors& tensors,
                        const std::map<std::string, std::string>& metadata = {});
 
 // Validates the whole header at open (lengths, JSON, dtypes, shapes against byte sizes, offsets

@@ -177,7 +177,7 @@ class C10dRuntime : public Runtime {
       }
       check_world_agreement(timeout);
     }
-    if (backend_ == "gloo") make_device(o);
+    make_device(o);  // Gloo serves the checkpoint group under NCCL too
     if (backend_ == "nccl") {
       // NCCL's wait() does not block the host: give every collective a host-side deadline.
       watchdog_ = std::make_unique<CollectiveWatchdog>(timeout, [rank = env_.rank](const std::string& message) {
@@ -193,6 +193,7 @@ class C10dRuntime : public Runtime {
     shard_ = make_group("shard", mesh_.shard_group(env_.rank), timeout);
     replicate_ = make_group("replicate", mesh_.replicate_group(env_.rank), timeout);
     context_ = make_group("context", mesh_.context_group(env_.rank), timeout);
+    checkpoint_ = make_group("checkpoint", all_ranks(), timeout, /*gloo=*/true);
   }
 
   int64_t rank() const override { return env_.rank; }
@@ -203,10 +204,12 @@ class C10dRuntime : public Runtime {
   Comm& shard_group() override { return *shard_; }
   Comm& replicate_group() override { return *replicate_; }
   Comm& context_group() override { return *context_; }
+  Comm& checkpoint_group() override { return *checkpoint_; }
   void shutdown() override {
     watchdog_.reset();  // stop polling before the communicators go
     for (auto& b : nccl_backends_) detail::shutdown_nccl_backend(b);
     nccl_backends_.clear();
+    checkpoint_.reset();
     context_.reset();
     replicate_.reset();
     shard_.reset();
@@ -255,14 +258,14 @@ class C10dRuntime : public Runtime {
   }
 
   std::unique_ptr<Comm> make_group(const char* kind, const std::vector<int64_t>& ranks,
-                                   std::chrono::milliseconds timeout) {
+                                   std::chrono::milliseconds timeout, bool gloo = false) {
     const std::string name = group_name(kind, ranks);
     int64_t my_index = -1;
     for (size_t i = 0; i < ranks.size(); ++i)
       if (ranks[i] == env_.rank) my_index = static_cast<int64_t>(i);
     TORCH_CHECK(my_index >= 0, "rank ", env_.rank, " is not in group ", name);
     auto prefixed = c10::make_intrusive<c10d::PrefixStore>("flowtrain/group/" + name, store_);
-    if (backend_ == "nccl") {
+    if (backend_ == "nccl" && !gloo) {
       c10::intrusive_ptr<c10d::Backend> pg;
       try {
         pg = detail::make_nccl_backend(prefixed, static_cast<int>(my_index), static_cast<int>(ranks.size()), timeout,
@@ -297,7 +300,7 @@ class C10dRuntime : public Runtime {
   // NCCL only. Stopped first at shutdown (the groups, released right after, issue nothing more);
   // declared before the groups, so destroyed after them otherwise.
   std::unique_ptr<CollectiveWatchdog> watchdog_;
-  std::unique_ptr<Comm> world_, shard_, replicate_, context_;
+  std::unique_ptr<Comm> world_, shard_, replicate_, context_, checkpoint_;
 };
 
 }  // namespace

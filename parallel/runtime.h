@@ -38,6 +38,9 @@ class Runtime {
   virtual Comm& shard_group() = 0;
   virtual Comm& replicate_group() = 0;
   virtual Comm& context_group() = 0;
+  // All ranks, always Gloo (also under NCCL): checkpoint commits vote here from a background
+  // thread, apart from the training groups, so they never collide with training collectives.
+  virtual Comm& checkpoint_group() = 0;
   // Releases the process groups (NCCL needs an explicit shutdown before exit).
   virtual void shutdown() = 0;
 };

@@ -32,14 +32,19 @@ CommandResult train_tiny(const std::string& out_dir, const std::vector<std::stri
   return run_flowtrain(args, env);
 }
 
-std::vector<nlohmann::json> read_metrics(const std::string& run_dir) {
+std::vector<nlohmann::json> read_metric_rows(const std::string& run_dir, const std::string& key) {
   std::istringstream in(read_file(run_dir + "/metrics.jsonl"));
   std::vector<nlohmann::json> rows;
   std::string line;
-  while (std::getline(in, line))
-    if (!line.empty()) rows.push_back(nlohmann::json::parse(line));
+  while (std::getline(in, line)) {
+    if (line.empty()) continue;
+    nlohmann::json row = nlohmann::json::parse(line);
+    if (row.contains(key)) rows.push_back(std::move(row));
+  }
   return rows;
 }
+
+std::vector<nlohmann::json> read_metrics(const std::string& run_dir) { return read_metric_rows(run_dir, "loss"); }
 
 std::string chrome_trace_problems(const nlohmann::json& trace) {
   if (!trace.contains("traceEvents") || !trace["traceEvents"].is_array()) return "no traceEvents array";

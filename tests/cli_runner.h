@@ -20,7 +20,10 @@ CommandResult run_flowtrain(const std::string& args, const std::string& env = ""
 CommandResult train_tiny(const std::string& out_dir, const std::vector<std::string>& sets = {},
                          const std::string& env = "");
 
+// The training-step rows of run_dir/metrics.jsonl (those with a loss), in order.
 std::vector<nlohmann::json> read_metrics(const std::string& run_dir);
+// The rows holding `key` (checkpoint_blocked_s, eval_fd, …), in order.
+std::vector<nlohmann::json> read_metric_rows(const std::string& run_dir, const std::string& key);
 
 // What Perfetto's / chrome://tracing's JSON importer would reject or misdraw in a Chrome trace:
 // a missing traceEvents array, complete ("X") events without numeric ts/dur ≥ 0/pid/tid, or

@@ -197,10 +197,24 @@ Trainer::Trainer(Config config, TrainerHooks hooks) : config_(std::move(config))
     profiler_ = std::make_unique<StepProfiler>(config_.profile, config_.run.out_dir, static_cast<int>(env_.rank),
                                                device_.is_cuda());
   all_finite_ = at::ones({}, at::TensorOptions().dtype(at::kBool).device(device_));
+  SaveGroup group{env_.rank, {}};
+  if (runtime_) {
+    group.all_ok = [this](bool ok) {  // from the saver's thread: the checkpoint group only
+      at::Tensor votes = at::full({1}, ok ? 1 : 0, at::TensorOptions().dtype(at::kLong));
+      runtime_->checkpoint_group().all_reduce(votes, parallel::ReduceOp::Sum)->wait();
+      return votes.item<int64_t>() == env_.world;
+    };
+  }
+  saver_ = std::make_unique<CheckpointSaver>((fs::path(config_.run.out_dir) / "checkpoints").string(),
+                                             config_.checkpoint.keep, std::move(group), config_.checkpoint.async);
   if (!lead()) spdlog::set_level(spdlog::level::warn);  // rank 0 narrates; the others speak up on problems
 }
 
 Trainer::~Trainer() {
+  // A save in flight is of a state that was finite when staged: finish it, even when leaving on
+  // an error (at world > 1 its commit vote needs the other ranks; a dead one fails it after
+  // parallel.timeout_s).
+  saver_.reset();
   if (std::uncaught_exceptions() > 0) {
     // Leaving on an error (often a dead peer): tearing down process groups with collectives in
     // flight can block, and the process is about to exit anyway. Let the OS reclaim them.
@@ -332,7 +346,10 @@ Trainer::StepResult Trainer::train_step() {
     r.loss += loss.detach() / accum;
   }
   ProfileRange range("optimizer");
-  StepReduction red = state_->reduce_and_clip(r.loss, config_.optim.grad_clip, stop_signal() != 0);
+  // A stop is voted with the step's reduction, so every rank stops at the same step: on a signal,
+  // or on a failed save under checkpoint.on_error: stop (ranks may see that at different steps).
+  const bool stop_requested = stop_signal() != 0 || !checkpoint_error_.empty();
+  StepReduction red = state_->reduce_and_clip(r.loss, config_.optim.grad_clip, stop_requested);
   r.loss = red.loss;
   r.grad_norm = red.grad_norm;
   r.stop = red.stop;
@@ -358,19 +375,56 @@ void Trainer::check_finite(const char* when) {
 void Trainer::write_checkpoint() {
   check_finite("before checkpoint");
   ProfileRange range("checkpoint");
-  const auto t0 = Clock::now();
   CheckpointContents c;
   state_->fill_checkpoint(c);
   c.rng.emplace_back("cpu", at::detail::getDefaultCPUGenerator().get_state());
   c.progress = progress_;
   c.config_yaml = config_yaml_;
   c.world_size = env_.world;
-  const std::string checkpoints = (fs::path(config_.run.out_dir) / "checkpoints").string();
-  SaveGroup group{env_.rank, runtime_ ? std::function<void()>([this] { barrier(); }) : std::function<void()>()};
-  const std::string path = save_checkpoint(checkpoints, c, group);
-  if (lead()) prune_checkpoints(checkpoints, config_.checkpoint.keep);
+  saver_->save(c);  // async: returns once the state is staged; sync: once it is committed
   last_checkpoint_step_ = progress_.step;
-  spdlog::info("checkpoint {} written in {:.2f} s", path, seconds_since(t0));
+  report_saves(saver_->take_finished());
+}
+
+void Trainer::report_saves(const std::vector<SaveOutcome>& outcomes) {
+  for (const SaveOutcome& o : outcomes) {
+    if (o.ok()) {
+      spdlog::info("checkpoint {} committed: training blocked {:.2f} s, {} {:.2f} s", o.path, o.blocked_s,
+                   saver_->async() ? "persisted in the background in" : "written in", o.persist_s);
+    } else {
+      ++checkpoint_failures_;
+      last_failed_save_step_ = o.step;
+      last_save_error_ = o.error;
+      if (config_.checkpoint.on_error == "warn") {
+        spdlog::warn("{} — training goes on (checkpoint.on_error: warn; {} failed save(s) so far); the next save "
+                     "is at the next interval",
+                     o.error, checkpoint_failures_);
+      } else if (checkpoint_error_.empty()) {
+        spdlog::error("{} — stopping (checkpoint.on_error: stop)", o.error);
+        checkpoint_error_ = o.error;
+      }
+    }
+    const std::map<std::string, double> values = {{"checkpoint_blocked_s", o.blocked_s},
+                                                  {"checkpoint_persist_s", o.persist_s},
+                                                  {"checkpoint_failures", double(checkpoint_failures_)}};
+    if (metrics_) metrics_->write(o.step, values);
+  }
+}
+
+void Trainer::require_saved(int64_t step, const char* what) {
+  // Even under on_error: warn, a run does not end with its last state unsaved and exit 0.
+  if (last_failed_save_step_ == step)
+    throw TrainingError(fmt::format("{} (step {}) could not be written: {}; the newest complete checkpoint in "
+                                    "{}/checkpoints is intact",
+                                    what, step, last_save_error_, config_.run.out_dir));
+}
+
+void Trainer::finish_saves() {
+  saver_->wait();
+  report_saves(saver_->take_finished());
+  if (!checkpoint_error_.empty())
+    throw TrainingError(fmt::format("{}; the newest complete checkpoint in {}/checkpoints is intact",
+                                    checkpoint_error_, config_.run.out_dir));
 }
 
 at::Tensor Trainer::sample_rows_on_all_ranks(int64_t total, const std::function<at::Tensor(int64_t, int64_t)>& make) {
@@ -495,6 +549,7 @@ int64_t Trainer::run() {
   int64_t window_steps = 0;
   double window_data_wait = 0;
   while (progress_.step < total) {
+    report_saves(saver_->take_finished());  // before the step: a failure joins this step's stop vote
     const auto step_start = Clock::now();
     if (profiler_) profiler_->step_begin(progress_.step + 1);
     StepResult r = train_step();
@@ -523,13 +578,20 @@ int64_t Trainer::run() {
       write_checkpoint();
     // Under FSDP every rank must stop at the same step: the vote travelled with the step's
     // all-reduce (reduce_and_clip), so all ranks read the same answer here.
-    const bool stop = runtime_ ? r.stop.item<float>() > 0 : stop_signal() != 0;
+    const bool stop = runtime_ ? r.stop.item<float>() > 0 : stop_signal() != 0 || !checkpoint_error_.empty();
     if (stop) {
+      finish_saves();  // a failed save (on any rank) ends the run here, with its error
       spdlog::warn("received signal {}: checkpointing at step {} and stopping", runtime_ ? "(on some rank)" : std::to_string(stop_signal()), step);
       if (last_checkpoint_step_ != step) write_checkpoint();
+      finish_saves();  // exit only once the checkpoint is committed
+      require_saved(step, "the stop checkpoint");
+      spdlog::warn("stopped at step {}; the same command resumes from {}/checkpoints/{} (checkpoint.resume: auto)",
+                   step, config_.run.out_dir, checkpoint_name(step));
       return step;
     }
   }
+  finish_saves();  // the final checkpoint may still be persisting
+  if (hooks_.final_checkpoint) require_saved(progress_.step, "the final checkpoint");
   spdlog::info("done: {} steps, {} samples seen", progress_.step, progress_.samples_seen);
   write_rank_report();
   return progress_.step;

@@ -11,6 +11,7 @@
 #include "models/model.h"
 #include "models/flow_matching.h"
 #include "trainer/checkpoint/checkpoint.h"
+#include "trainer/checkpoint/checkpoint_saver.h"
 #include "trainer/config/config.h"
 #include "parallel/env.h"
 #include "parallel/runtime.h"
@@ -58,6 +59,8 @@ class Trainer {
   // Persistent training-state bytes on this rank (weights, grads, AdamW, EMA): the memory report.
   int64_t state_bytes() const { return state_->state_bytes(); }
   c10::Device device() const { return device_; }
+  // Host bytes of the asynchronous checkpoint's staging buffers (0 before the first async save).
+  int64_t checkpoint_staging_bytes() const { return saver_->staging_bytes(); }
   // Every rank's `value`, by rank (a collective over the world in a multi-rank run).
   std::vector<int64_t> gather_from_ranks(int64_t value);
   // Trains to train.steps (or until a stop signal, after which it checkpoints). Returns the
@@ -71,6 +74,12 @@ class Trainer {
   void restore(const std::string& checkpoint_dir);
   StepResult train_step();
   void write_checkpoint();
+  // Logs finished saves, records their times in metrics and applies checkpoint.on_error.
+  void report_saves(const std::vector<SaveOutcome>& outcomes);
+  // Waits for the save in flight; throws TrainingError if a save failed under on_error: stop.
+  void finish_saves();
+  // Throws TrainingError if the save of `step` failed (the stop and final checkpoints).
+  void require_saved(int64_t step, const char* what);
   void write_samples();
   void evaluate();
   // `total` rows made by make(first, count), split over the data-parallel ranks (each makes its
@@ -102,6 +111,11 @@ class Trainer {
   TrainProgress progress_;
   at::Tensor all_finite_;  // device flag: every loss / grad norm since the last check was finite
   int64_t last_checkpoint_step_ = -1;
+  std::unique_ptr<CheckpointSaver> saver_;  // uses runtime_'s checkpoint group: released before it
+  std::string checkpoint_error_;            // a failed save under on_error: stop (stops every rank)
+  int64_t checkpoint_failures_ = 0;
+  int64_t last_failed_save_step_ = -1;
+  std::string last_save_error_;
   int64_t peak_state_bytes_ = 0;  // weights + grads + AdamW + EMA on this rank, at its largest (grads present)
 };
 

@@ -75,3 +75,21 @@ TEST(BenchReport, ParityDumpAloneWritesTheDumpWithTheStepSettingsAndTimesNothing
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_NE(r.output.find("--steps must be >= 1 (0 only with --parity-dump)"), std::string::npos) << r.output;
 }
+
+TEST(BenchReport, CheckpointCostComparesSyncAndAsyncSavesOfTheSameRun) {
+  const std::string base = scratch_dir("bench_checkpoint");
+  auto r = run_flowtrain("bench -c " + source_path("tests/configs/tiny_fashion.yaml") +
+                         " --synthetic --steps 9 --warmup 1 --checkpoint --checkpoint-every 3 --json " + base + "/c.json");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("sync save blocks"), std::string::npos) << r.output;
+  const auto j = nlohmann::json::parse(read_file(base + "/c.json"));
+  EXPECT_EQ(j["checkpoint_every"], 3);
+  EXPECT_EQ(j["checkpoint_saves"], 3);  // steps 3, 6, 9 of 10
+  for (const char* key : {"checkpoint_sync_s", "checkpoint_blocked_s", "checkpoint_persist_s", "checkpoint_step_clear_s"})
+    EXPECT_GT(j[key].get<double>(), 0.0) << key;
+  EXPECT_DOUBLE_EQ(j["checkpoint_blocked_fraction"].get<double>(),
+                   j["checkpoint_blocked_s"].get<double>() / j["checkpoint_sync_s"].get<double>());
+  // Four files: model, EMA, optimizer, rng, + the manifest; staging holds the same tensors.
+  EXPECT_GT(j["checkpoint_bytes"].get<int64_t>(), j["checkpoint_staging_bytes"].get<int64_t>());
+  EXPECT_GT(j["checkpoint_staging_bytes"].get<int64_t>(), 2'000'000);  // 0.18M params × 4 copies × 4 B
+}

@@ -92,6 +92,13 @@ TEST(DistFsdp, ResumeAtTheSameWorldSizeIsExactAndExportConsolidates) {
   EXPECT_EQ(exported[1].first, "x_embedder.proj.weight");
   EXPECT_EQ(exported.back().first, "final_layer.adaLN_modulation.1.bias");
 
+  // `checkpoint inspect` shows the mesh it was saved at and global shapes from the shard layout.
+  r = run_flowtrain("checkpoint inspect " + final_checkpoint(straight));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("saved at world size 2: FSDP, 2 shards of"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("model.shard-00001-of-00002.safetensors"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("x_embedder.proj.weight  [64, 1, 4, 4]  unit "), std::string::npos) << r.output;
+
   // Sampling reads a sharded checkpoint like any other (consolidated EMA weights).
   r = run_flowtrain("sample -c " + source_path("tests/configs/tiny_fashion.yaml") + " --checkpoint " +
                     final_checkpoint(straight) + " --out " + base + "/grid.png");

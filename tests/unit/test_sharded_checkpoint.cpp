@@ -7,6 +7,8 @@
 #include <gtest/gtest.h>
 
 #include <condition_variable>
+#include <array>
+#include <atomic>
 #include <filesystem>
 #include <fstream>
 #include <mutex>
@@ -96,7 +98,10 @@ TEST(ShardLayout, MismatchesAreErrorsNamingTheTensor) {
 TEST(ShardedCheckpoint, TwoWritersCommitOneCheckpointThatLoadsWholeOrPerShard) {
   const std::string dir = test::scratch_dir("sharded") + "/checkpoints";
   const ShardLayout l = two_unit_layout();
+  // The two ranks' votes at the end of each phase of the protocol (a per-phase tally, read after
+  // both have added theirs).
   Barrier barrier(2);
+  std::array<std::atomic<int>, 8> votes{};
   NamedTensors moments;  // optimizer state is keyed "exp_avg.<param>" / "exp_avg_sq.<param>"
   for (const auto& [n, t] : full_weights()) {
     moments.emplace_back("exp_avg." + n, t);
@@ -115,7 +120,12 @@ TEST(ShardedCheckpoint, TwoWritersCommitOneCheckpointThatLoadsWholeOrPerShard) {
     sh.shard_index = rank;
     sh.fixed = {{"pos", at::full({2}, 9.0f)}};
     c.sharded = sh;
-    save_checkpoint(dir, c, SaveGroup{rank, [&] { barrier.wait(); }});
+    size_t phase = 0;
+    save_checkpoint(dir, c, SaveGroup{rank, [&](bool ok) {
+                      votes.at(phase) += ok ? 1 : 0;
+                      barrier.wait();
+                      return votes.at(phase++).load() == 2;
+                    }});
   };
   std::thread other(rank_main, 1);
   rank_main(0);

@@ -101,19 +101,41 @@ std::string shard_file(const std::string& kind, int64_t index, int64_t count) {
 
 namespace {
 
-json file_record(const fs::path& path, int64_t rank) {
-  FileDigest d = digest_file(path.string());
-  return {{"bytes", d.bytes}, {"crc32", d.crc32}, {"rank", rank}};
-}
-
 // Writes `tensors` (if any) into dir/file and returns its manifest record in `files`.
 void write_tensor_file(const fs::path& dir, const std::string& file, const NamedTensors& tensors,
                        const std::string& checkpoint, int64_t rank, json& files) {
   if (tensors.empty()) return;
-  const fs::path path = dir / file;
-  data::write_safetensors(path.string(), tensors, {{"format", "pt"}, {"flowtrain_checkpoint", checkpoint}});
-  files[file] = file_record(path, rank);
+  const data::WrittenFile w = data::write_safetensors((dir / file).string(), tensors,
+                                                      {{"format", "pt"}, {"flowtrain_checkpoint", checkpoint}});
+  files[file] = {{"bytes", w.bytes}, {"crc32", w.crc32}, {"rank", rank}};
 }
+
+// Runs one phase of the protocol on this rank and votes on it: the message of a local failure
+// is kept for the error; a failure elsewhere is named by the rank that had it (in its own log).
+class PhaseVote {
+ public:
+  PhaseVote(const SaveGroup& group, std::string checkpoint) : group_(group), checkpoint_(std::move(checkpoint)) {}
+
+  void run(const char* phase, const std::function<void()>& work) {
+    bool ok = true;
+    try {
+      work();
+    } catch (const std::exception& e) {
+      ok = false;
+      error_ = fmt::format("checkpoint {}: {} failed on rank {}: {}", checkpoint_, phase, group_.rank, e.what());
+    }
+    const bool all = group_.all_ok ? group_.all_ok(ok) : ok;
+    if (all) return;
+    if (error_.empty())
+      error_ = fmt::format("checkpoint {}: {} failed on another rank (its log names the cause)", checkpoint_, phase);
+    throw CheckpointError(error_);
+  }
+
+ private:
+  const SaveGroup& group_;
+  std::string checkpoint_;
+  std::string error_;
+};
 
 }  // namespace
 
@@ -122,78 +144,87 @@ std::string save_checkpoint(const std::string& checkpoints_dir, const Checkpoint
   const fs::path final_dir = fs::path(checkpoints_dir) / name;
   const fs::path tmp_dir = fs::path(checkpoints_dir) / (name + ".tmp");
   const bool lead = group.rank == 0;
-  auto barrier = [&] {
-    if (group.barrier) group.barrier();
-  };
-  if (lead) {
-    fs::create_directories(checkpoints_dir);
-    fs::remove_all(tmp_dir);
-    fs::create_directories(tmp_dir);
-  }
-  barrier();  // the directory exists before anyone writes into it
+  PhaseVote vote(group, (fs::path(checkpoints_dir) / name).string());
+  try {
+    vote.run("creating the directory", [&] {  // it exists before anyone writes into it
+      if (!lead) return;
+      fs::create_directories(checkpoints_dir);
+      fs::remove_all(tmp_dir);
+      fs::create_directories(tmp_dir);
+    });
 
-  json files = json::object();
-  if (c.sharded) {
-    const ShardedContents& sh = *c.sharded;
-    const int64_t n = sh.layout.num_shards;
-    if (sh.writer) {
-      json mine = json::object();
-      write_tensor_file(tmp_dir, shard_file("model", sh.shard_index, n), c.model, name, group.rank, mine);
-      maybe_fault_after_first_file(c.progress.step, tmp_dir / shard_file("model", sh.shard_index, n));
-      write_tensor_file(tmp_dir, shard_file("ema", sh.shard_index, n), c.ema, name, group.rank, mine);
-      write_tensor_file(tmp_dir, shard_file("optimizer", sh.shard_index, n), c.optimizer, name, group.rank, mine);
-      // The digests travel to rank 0 through the (shared) checkpoint directory itself.
-      write_file_atomic((tmp_dir / fmt::format("files.shard-{:05d}.json", sh.shard_index)).string(), mine.dump());
-    }
-    if (lead) write_tensor_file(tmp_dir, "fixed.safetensors", sh.fixed, name, 0, files);
-  } else {
-    write_tensor_file(tmp_dir, "model.safetensors", c.model, name, 0, files);
-    maybe_fault_after_first_file(c.progress.step, tmp_dir / "model.safetensors");
-    write_tensor_file(tmp_dir, "ema.safetensors", c.ema, name, 0, files);
-    write_tensor_file(tmp_dir, "optimizer.safetensors", c.optimizer, name, 0, files);
-  }
-  if (lead) write_tensor_file(tmp_dir, "rng.safetensors", c.rng, name, 0, files);
-  barrier();  // every shard is on disk
-
-  if (lead) {
-    json layout = {{"world_size", c.world_size}, {"sharding", c.sharded ? "fsdp" : "none"}};
-    if (c.sharded) {
-      for (int64_t k = 0; k < c.sharded->layout.num_shards; ++k) {
-        const fs::path record = tmp_dir / fmt::format("files.shard-{:05d}.json", k);
-        if (!fs::exists(record))
-          throw CheckpointError(fmt::format("{}: shard {} did not record its files", tmp_dir.string(), k));
-        const json recorded = json::parse(read_text_file(record.string()));  // named: items() must not outlive it
-        for (const auto& [file, info] : recorded.items()) files[file] = info;
-        fs::remove(record);
+    json files = json::object();
+    vote.run("writing", [&] {  // every shard is on disk
+      if (c.sharded) {
+        const ShardedContents& sh = *c.sharded;
+        const int64_t n = sh.layout.num_shards;
+        if (sh.writer) {
+          json mine = json::object();
+          write_tensor_file(tmp_dir, shard_file("model", sh.shard_index, n), c.model, name, group.rank, mine);
+          maybe_fault_after_first_file(c.progress.step, tmp_dir / shard_file("model", sh.shard_index, n));
+          write_tensor_file(tmp_dir, shard_file("ema", sh.shard_index, n), c.ema, name, group.rank, mine);
+          write_tensor_file(tmp_dir, shard_file("optimizer", sh.shard_index, n), c.optimizer, name, group.rank, mine);
+          // The digests travel to rank 0 through the (shared) checkpoint directory itself.
+          write_file_atomic((tmp_dir / fmt::format("files.shard-{:05d}.json", sh.shard_index)).string(), mine.dump());
+        }
+        if (lead) write_tensor_file(tmp_dir, "fixed.safetensors", sh.fixed, name, 0, files);
+      } else {
+        write_tensor_file(tmp_dir, "model.safetensors", c.model, name, 0, files);
+        maybe_fault_after_first_file(c.progress.step, tmp_dir / "model.safetensors");
+        write_tensor_file(tmp_dir, "ema.safetensors", c.ema, name, 0, files);
+        write_tensor_file(tmp_dir, "optimizer.safetensors", c.optimizer, name, 0, files);
       }
-      layout["fsdp"] = c.sharded->layout.to_json();
+      if (lead) write_tensor_file(tmp_dir, "rng.safetensors", c.rng, name, 0, files);
+    });
+
+    vote.run("committing", [&] {  // nobody moves on (or exits) before the checkpoint is committed
+      if (!lead) return;
+      json layout = {{"world_size", c.world_size}, {"sharding", c.sharded ? "fsdp" : "none"}};
+      if (c.sharded) {
+        for (int64_t k = 0; k < c.sharded->layout.num_shards; ++k) {
+          const fs::path record = tmp_dir / fmt::format("files.shard-{:05d}.json", k);
+          if (!fs::exists(record))
+            throw CheckpointError(fmt::format("{}: shard {} did not record its files", tmp_dir.string(), k));
+          const json recorded = json::parse(read_text_file(record.string()));  // named: items() must not outlive it
+          for (const auto& [file, info] : recorded.items()) files[file] = info;
+          fs::remove(record);
+        }
+        layout["fsdp"] = c.sharded->layout.to_json();
+      }
+      json manifest = {
+          {"format", kFormat},
+          {"version", kVersion},
+          {"flowtrain_version", FLOWTRAIN_VERSION},
+          {"step", c.progress.step},
+          {"samples_seen", c.progress.samples_seen},
+          {"lr", c.progress.lr},
+          {"optimizer", {{"type", "adamw"}, {"step_count", c.optimizer_step_count}}},
+          // The loader state is global (samples of the epoch consumed by all ranks together);
+          // each rank's slice of a batch follows from it, so one record serves every rank.
+          {"data", {{"ranks", json::array({json{{"rank", 0}, {"state", state_json(c.progress.loader)}}})}}},
+          {"rng", {{"scheme", "per-sample generators seeded from (run.seed, step, global sample index)"}}},
+          {"layout", layout},
+          {"config_yaml", c.config_yaml},
+          {"files", files},
+      };
+      write_file_atomic((tmp_dir / "manifest.json").string(), manifest.dump(2));
+      fsync_directory(tmp_dir.string());
+      // Commit: an older directory of the same step (a rerun after resume) is replaced.
+      if (fs::exists(final_dir)) fs::remove_all(final_dir);
+      fs::rename(tmp_dir, final_dir);
+      fsync_directory(checkpoints_dir);
+    });
+  } catch (const CheckpointError&) {
+    if (lead) {
+      std::error_code ignored;
+      fs::remove_all(tmp_dir, ignored);  // a partial save never looks complete (no manifest, no rename)
     }
-    json manifest = {
-        {"format", kFormat},
-        {"version", kVersion},
-        {"flowtrain_version", FLOWTRAIN_VERSION},
-        {"step", c.progress.step},
-        {"samples_seen", c.progress.samples_seen},
-        {"lr", c.progress.lr},
-        {"optimizer", {{"type", "adamw"}, {"step_count", c.optimizer_step_count}}},
-        // The loader state is global (samples of the epoch consumed by all ranks together);
-        // each rank's slice of a batch follows from it, so one record serves every rank.
-        {"data", {{"ranks", json::array({json{{"rank", 0}, {"state", state_json(c.progress.loader)}}})}}},
-        {"rng", {{"scheme", "per-sample generators seeded from (run.seed, step, global sample index)"}}},
-        {"layout", layout},
-        {"config_yaml", c.config_yaml},
-        {"files", files},
-    };
-    write_file_atomic((tmp_dir / "manifest.json").string(), manifest.dump(2));
-    fsync_directory(tmp_dir.string());
-    // Commit: an older directory of the same step (a rerun after resume) is replaced.
-    if (fs::exists(final_dir)) fs::remove_all(final_dir);
-    fs::rename(tmp_dir, final_dir);
-    fsync_directory(checkpoints_dir);
+    throw;
   }
-  barrier();  // nobody moves on (or exits) before the checkpoint is committed
   return final_dir.string();
 }
+
+json read_checkpoint_manifest(const std::string& dir) { return read_manifest(dir); }
 
 std::string verify_checkpoint(const std::string& dir) {
   try {

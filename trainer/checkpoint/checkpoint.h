@@ -60,16 +60,21 @@ struct CheckpointContents {
   int64_t world_size = 1;
 };
 
-// The ranks taking part in a save: all call save_checkpoint together; `barrier` (empty at
-// world 1) separates the protocol's phases.
+// The ranks taking part in a save: all call save_checkpoint together. Each phase of the protocol
+// ends with a vote: `all_ok(mine)` returns true when every rank passed true (empty at world 1).
+// The trainer votes over a process group of its own (Gloo), never the training group, so a save
+// persisting in the background cannot collide with training collectives.
 struct SaveGroup {
   int64_t rank = 0;
-  std::function<void()> barrier;
+  std::function<bool(bool)> all_ok;
 };
 
 std::string checkpoint_name(int64_t step);  // "step-0000500"
 
 // Writes a checkpoint under `checkpoints_dir` with the commit protocol above; returns its path.
+// Each file's size and CRC-32 are taken while it is written (no read-back). A failure on any
+// rank (I/O error, disk full) fails the save on every rank with CheckpointError, after rank 0
+// removed the partial directory: nothing complete-looking is left behind.
 std::string save_checkpoint(const std::string& checkpoints_dir, const CheckpointContents& contents,
                             const SaveGroup& group = {});
 
@@ -90,6 +95,10 @@ std::optional<ShardLayout> load_checkpoint_layout(const std::string& dir);
 // Cheap verification (manifest + sizes + CRCs) without loading tensors; returns "" if valid,
 // else the reason.
 std::string verify_checkpoint(const std::string& dir);
+
+// The manifest of a checkpoint directory, checked for format and version. Throws CheckpointError
+// naming the file.
+nlohmann::json read_checkpoint_manifest(const std::string& dir);
 
 // The newest complete, verified checkpoint under `checkpoints_dir`, or nullopt. Invalid ones are
 // reported through `warn` and skipped (a corrupt newest checkpoint falls back to the previous).

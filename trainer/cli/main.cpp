@@ -25,12 +25,15 @@
 #include "trainer/model_registry.h"
 #include "trainer/checkpoint/export.h"
 #include "trainer/checkpoint/file_util.h"
+#include "trainer/checkpoint/inspect.h"
 #include "trainer/telemetry/run_log.h"
 #include "trainer/eval/sample_grid.h"
 #include "trainer/trainer.h"
 #include "parallel/comm.h"
 
 #include <CLI/CLI.hpp>
+
+#include <csignal>
 #include <fmt/format.h>
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
@@ -220,6 +223,18 @@ int cmd_train_classifier(const ConfigArgs& args, bool force) {
   return 0;
 }
 
+int cmd_verify_checkpoint(const std::string& dir) {
+  const std::string problem = trainer::verify_checkpoint(dir);
+  if (!problem.empty()) {
+    std::fprintf(stderr, "flowtrain: checkpoint verify: %s\n", problem.c_str());
+    return 1;
+  }
+  const auto manifest = trainer::read_checkpoint_manifest(dir);
+  std::printf("%s: %zu files match the manifest's sizes and CRC-32s (step %lld)\n", dir.c_str(),
+              manifest["files"].size(), static_cast<long long>(manifest.value("step", int64_t{-1})));
+  return 0;
+}
+
 int cmd_bench(const ConfigArgs& args, const trainer::BenchOptions& options, const std::string& json_path) {
   trainer::Config c = args.load();
   if (options.synthetic) c.data.source = "synthetic";
@@ -280,6 +295,9 @@ int cmd_launch(parallel::LaunchOptions options, const std::vector<std::string>& 
 
 int main(int argc, char** argv) {
   trainer::install_memory_tracking();  // before any tensor: peak CPU tensor bytes count from here
+  // Past a file-size limit (ulimit -f) a write fails with EFBIG instead of killing the process:
+  // a checkpoint that cannot be written is an error the run reports (checkpoint.on_error).
+  std::signal(SIGXFSZ, SIG_IGN);
   CLI::App app{"flowtrain: native C++ trainer for diffusion transformers (DiT) with flow matching"};
   app.set_version_flag("--version", std::string("flowtrain ") + FLOWTRAIN_VERSION);
   app.require_subcommand(1);
@@ -323,6 +341,16 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   make_compositions->add_option("--vocab-size", compositions.vocab_size, "tokenizer pieces (upper bound)")
       ->capture_default_str();
+
+  auto* checkpoint_cmd = app.add_subcommand("checkpoint", "look into a checkpoint directory");
+  checkpoint_cmd->require_subcommand(1);
+  std::string checkpoint_dir;
+  auto* inspect = checkpoint_cmd->add_subcommand(
+      "inspect", "step, mesh it was saved at, config hash, files with sizes and CRCs, tensors with global shapes");
+  inspect->add_option("dir", checkpoint_dir, "checkpoint directory (…/checkpoints/step-NNNNNNN)")->required();
+  auto* verify = checkpoint_cmd->add_subcommand("verify", "check every file's size and CRC-32 against the manifest; "
+                                                          "exit 1 naming the first bad file");
+  verify->add_option("dir", checkpoint_dir, "checkpoint directory (…/checkpoints/step-NNNNNNN)")->required();
 
   auto* exporter = app.add_subcommand("export", "write a checkpoint's weights as one safetensors file");
   trainer::ExportOptions export_options;
@@ -368,6 +396,11 @@ int main(int argc, char** argv) {
   bench->add_flag("--synthetic", bench_options.synthetic, "synthetic data (data.source=synthetic)");
   bench->add_option("--peak-tflops", bench_options.peak_tflops, "MFU denominator per rank, e.g. a GPU's dense peak (default: measured matmul rate)");
   bench->add_option("--json", bench_json, "also write the report as JSON to this file");
+  bench->add_flag("--checkpoint", bench_options.checkpoint,
+                  "also measure a save's cost: the run twice, saving synchronously then asynchronously "
+                  "(checkpoint_sync_s, checkpoint_blocked_s, checkpoint_persist_s, step times overlapping a persist)");
+  bench->add_option("--checkpoint-every", bench_options.checkpoint_every, "steps between saves (default: steps / 3)")
+      ->check(CLI::NonNegativeNumber);
   bench->add_option("--parity-dump", bench_options.parity_dump,
                     "write the first step's weights, inputs and loss (safetensors) for bench/compare_pytorch.sh");
 
@@ -413,6 +446,11 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (*config) return cmd_config(config_args);
+    if (*inspect) {
+      std::printf("%s", trainer::describe_checkpoint(checkpoint_dir).c_str());
+      return 0;
+    }
+    if (*verify) return cmd_verify_checkpoint(checkpoint_dir);
     if (*bench) return cmd_bench(bench_args, bench_options, bench_json);
     if (*eval) {
       trainer::Config c = eval_args.load();

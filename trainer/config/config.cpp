@@ -289,6 +289,10 @@ std::vector<Section> build_schema() {
                   .add("every", &CheckpointConfig::every, at_least(0), "steps between checkpoints; 0 = final only")
                   .add("keep", &CheckpointConfig::keep, at_least(0), "newest checkpoints kept; 0 = all")
                   .add("resume", &CheckpointConfig::resume, non_empty(), "auto | never | checkpoint directory")
+                  .add("async", &CheckpointConfig::async, any(),
+                       "persist in the background; training waits only for the copy to host buffers")
+                  .add("on_error", &CheckpointConfig::on_error, one_of({"stop", "warn"}),
+                       "a failed save: stop training, or warn and retry at the next interval")
                   .section);
 
   s.push_back(section("eval", &Config::eval)

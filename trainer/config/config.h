@@ -117,6 +117,13 @@ struct CheckpointConfig {
   int64_t every = 500;   // 0 = off (a final checkpoint is still written at the end)
   int64_t keep = 3;      // newest complete checkpoints kept; 0 = keep all
   std::string resume = "auto";  // auto | never | PATH to a checkpoint directory
+  // Asynchronous saves (trainer/checkpoint/checkpoint_saver.h): training is blocked only while
+  // the state is copied to host buffers (one more copy of this rank's state in host memory).
+  bool async = true;
+  // A save that fails (disk full, I/O error): "stop" ends training with the error (every rank at
+  // the same step); "warn" logs it, counts it in metrics (checkpoint_failures) and saves again at
+  // the next interval. Either way the failed directory is removed, never left complete-looking.
+  std::string on_error = "stop";
 };
 
 // Model-quality evaluation (flowtrain eval, and periodically during training): samples scored

@@ -3,6 +3,7 @@
 #include "data/loader.h"
 #include "data/safetensors.h"
 #include "models/flow_matching.h"
+#include "parallel/env.h"
 #include "trainer/builders.h"
 #include "trainer/model_registry.h"
 #include "trainer/telemetry/memory_stats.h"
@@ -17,6 +18,9 @@
 #include <algorithm>
 #include <chrono>
 #include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
 
 namespace fs = std::filesystem;
 
@@ -56,11 +60,66 @@ double measure_matmul_tflops(const c10::Device& device, at::ScalarType dtype) {
   return 2.0 * double(n) * n * n * reps / elapsed / 1e12;
 }
 
+namespace {
+
+// The checkpoint rows of a run's metrics.jsonl (rank 0 writes them as saves finish).
+std::vector<nlohmann::json> checkpoint_rows(const fs::path& run_dir) {
+  std::ifstream in(run_dir / "metrics.jsonl");
+  std::vector<nlohmann::json> rows;
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.empty()) continue;
+    nlohmann::json row = nlohmann::json::parse(line);
+    if (row.contains("checkpoint_blocked_s")) rows.push_back(std::move(row));
+  }
+  return rows;
+}
+
+double median_of(const std::vector<nlohmann::json>& rows, const char* key) {
+  std::vector<double> v;
+  for (const auto& row : rows) v.push_back(row.at(key).get<double>());
+  return quantile(v, 0.5);
+}
+
+int64_t directory_bytes(const fs::path& dir) {
+  int64_t total = 0;
+  for (const auto& e : fs::recursive_directory_iterator(dir))
+    if (e.is_regular_file()) total += static_cast<int64_t>(e.file_size());
+  return total;
+}
+
+// The async run's saves against its step times: a step overlapped a save when it started before
+// the save's background persist ended (step times after the save, summed, < persist time).
+void measure_overlap(CheckpointCost& cost, const std::vector<nlohmann::json>& saves,
+                     const std::map<int64_t, double>& step_times, int64_t first_timed_step) {
+  std::set<int64_t> overlapped;
+  for (const auto& save : saves) {
+    const int64_t step = save.at("step").get<int64_t>();
+    const double persist = save.at("checkpoint_persist_s").get<double>();
+    double elapsed = 0;
+    for (auto it = step_times.upper_bound(step); it != step_times.end() && elapsed < persist; ++it) {
+      overlapped.insert(it->first);
+      elapsed += it->second;
+    }
+  }
+  std::vector<double> clear, overlap;
+  for (const auto& [step, time] : step_times) {
+    if (step < first_timed_step) continue;
+    (overlapped.count(step) ? overlap : clear).push_back(time);
+  }
+  cost.step_clear_s = quantile(clear, 0.5);
+  cost.step_overlap_s = quantile(overlap, 0.5);
+  cost.overlap_steps = static_cast<int64_t>(overlap.size());
+}
+
+}  // namespace
+
 BenchReport run_benchmark(Config config, const BenchOptions& o) {
   if (o.synthetic) config.data.source = "synthetic";
   // A throw-away run directory: a benchmark must never touch a real run's checkpoints.
-  const fs::path dir = fs::temp_directory_path() / fmt::format("flowtrain-bench-{}", ::getpid());
-  fs::remove_all(dir);
+  const fs::path base = fs::temp_directory_path() / fmt::format("flowtrain-bench-{}", ::getpid());
+  fs::remove_all(base);
+  const fs::path dir = o.checkpoint ? base / "async" : base;
   config.run.out_dir = dir.string();
   config.train.steps = o.warmup + o.steps;
   config.train.log_every = std::max<int64_t>(1, config.train.steps);
@@ -69,14 +128,39 @@ BenchReport run_benchmark(Config config, const BenchOptions& o) {
   config.eval.every = 0;
   config.checkpoint.every = 0;
   config.checkpoint.resume = "never";
+  BenchReport r;
+  if (o.checkpoint) {
+    if (parallel::resolve_dist_env_from_process().world > 1)
+      throw ConfigError("bench --checkpoint runs one process (two trainers in a row): run it without launch/srun");
+    CheckpointCost cost;
+    cost.every = o.checkpoint_every > 0 ? o.checkpoint_every : std::max<int64_t>(1, o.steps / 3);
+    config.checkpoint.every = cost.every;
+    config.checkpoint.keep = 1;
+    // The synchronous reference first, in a trainer of its own with the same seed and steps.
+    Config sync = config;
+    sync.run.out_dir = (base / "sync").string();
+    sync.checkpoint.async = false;
+    sync.validate();
+    {
+      TrainerHooks quiet;
+      quiet.final_checkpoint = false;
+      Trainer reference(sync, quiet);
+      reference.run();
+    }
+    const auto sync_saves = checkpoint_rows(base / "sync");
+    cost.sync_s = median_of(sync_saves, "checkpoint_blocked_s");
+    config.checkpoint.async = true;
+    r.checkpoint = cost;
+  }
   config.validate();
 
   std::vector<double> step_times, data_waits;
-  BenchReport r;
+  std::map<int64_t, double> all_step_times;  // every step, warm-up included (saves may follow any)
   TrainerHooks hooks;
   hooks.final_checkpoint = false;
   hooks.on_step = [&](const StepStats& s) {
     if (s.step == 1) r.first_loss = s.loss;
+    all_step_times[s.step] = s.step_time_s;
     if (s.step > o.warmup) {
       step_times.push_back(s.step_time_s);
       data_waits.push_back(s.data_wait_s);
@@ -85,6 +169,17 @@ BenchReport run_benchmark(Config config, const BenchOptions& o) {
   Trainer trainer(config, hooks);
   const c10::Device device = trainer.device();
   trainer.run();
+  if (r.checkpoint) {
+    CheckpointCost& cost = *r.checkpoint;
+    const auto saves = checkpoint_rows(dir);
+    cost.saves = static_cast<int64_t>(saves.size());
+    cost.blocked_s = median_of(saves, "checkpoint_blocked_s");
+    cost.persist_s = median_of(saves, "checkpoint_persist_s");
+    measure_overlap(cost, saves, all_step_times, o.warmup + 1);
+    cost.staging_bytes = trainer.checkpoint_staging_bytes();
+    for (const auto& e : fs::directory_iterator(dir / "checkpoints"))
+      if (e.is_directory()) cost.bytes = directory_bytes(e.path());  // keep = 1: the newest save
+  }
 
   r.device = device.str();
   r.precision = config.train.precision;
@@ -128,7 +223,7 @@ BenchReport run_benchmark(Config config, const BenchOptions& o) {
                                 r.world > 1 ? fmt::format(" × {} ranks", r.world) : "");
   }
   r.mfu = r.achieved_tflops / r.peak_tflops;
-  fs::remove_all(dir);
+  fs::remove_all(base);
   return r;
 }
 
@@ -166,6 +261,20 @@ std::string BenchReport::to_json() const {
     j["peak_memory_bytes_per_rank"] = peak_memory_bytes_per_rank;
     j["peak_allocated_bytes_per_rank"] = peak_allocated_bytes_per_rank;
   }
+  if (checkpoint) {
+    const CheckpointCost& c = *checkpoint;
+    j["checkpoint_sync_s"] = c.sync_s;
+    j["checkpoint_blocked_s"] = c.blocked_s;
+    j["checkpoint_persist_s"] = c.persist_s;
+    j["checkpoint_blocked_fraction"] = c.sync_s > 0 ? c.blocked_s / c.sync_s : 0.0;
+    j["checkpoint_saves"] = c.saves;
+    j["checkpoint_every"] = c.every;
+    j["checkpoint_bytes"] = c.bytes;
+    j["checkpoint_staging_bytes"] = c.staging_bytes;
+    j["checkpoint_step_clear_s"] = c.step_clear_s;
+    j["checkpoint_step_overlap_s"] = c.step_overlap_s;
+    j["checkpoint_overlap_steps"] = c.overlap_steps;
+  }
   return j.dump(2);
 }
 
@@ -177,7 +286,17 @@ std::string BenchReport::to_table() const {
       per_rank += fmt::format(" rank {} {:.1f} / {:.1f}", i, peak_memory_bytes_per_rank[i] / 1048576.0,
                               peak_allocated_bytes_per_rank[i] / 1048576.0);
   }
-  return per_rank.empty() ? table_lines() : table_lines() + per_rank;
+  std::string saves;
+  if (checkpoint) {
+    const CheckpointCost& c = *checkpoint;
+    saves = fmt::format(
+        "\ncheckpoint ({:.1f} MiB every {} steps, {} saves): sync save blocks {:.3f} s | async blocks {:.3f} s "
+        "({:.1f}% of sync), persists {:.3f} s in the background | step {:.4f} s clear, {:.4f} s over {} steps "
+        "overlapping a persist | staging {:.1f} MiB",
+        c.bytes / 1048576.0, c.every, c.saves, c.sync_s, c.blocked_s, c.sync_s > 0 ? 100 * c.blocked_s / c.sync_s : 0.0,
+        c.persist_s, c.step_clear_s, c.step_overlap_s, c.overlap_steps, c.staging_bytes / 1048576.0);
+  }
+  return (per_rank.empty() ? table_lines() : table_lines() + per_rank) + saves;
 }
 
 std::string BenchReport::table_lines() const {

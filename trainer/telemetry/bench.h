@@ -5,6 +5,7 @@
 
 #include "trainer/config/config.h"
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -16,6 +17,24 @@ struct BenchOptions {
   bool synthetic = false;    // data.source = synthetic (no data set needed; loader still runs)
   double peak_tflops = 0;    // the MFU denominator; 0 = measure a large matmul on this device
   std::string parity_dump;   // if set: write the first step's inputs, weights and loss here
+  // --checkpoint: the run is done twice, saving every checkpoint_every steps (0 = steps / 3),
+  // synchronously and asynchronously, and the report adds what a save costs training.
+  bool checkpoint = false;
+  int64_t checkpoint_every = 0;
+};
+
+// What a save costs training (--checkpoint), rank 0's view. Medians over the saves of each run.
+struct CheckpointCost {
+  int64_t saves = 0;            // per run
+  int64_t every = 0;            // steps between saves
+  int64_t bytes = 0;            // one checkpoint on disk, all ranks' files
+  double sync_s = 0;            // training blocked by a synchronous save (the whole save)
+  double blocked_s = 0;         // training blocked by an asynchronous one (previous save + staging)
+  double persist_s = 0;         // its background write + hash + commit
+  double step_clear_s = 0;      // async run: median step time of steps no persist overlapped
+  double step_overlap_s = 0;    // async run: median step time of the steps that overlapped one
+  int64_t overlap_steps = 0;
+  int64_t staging_bytes = 0;    // host staging buffers (allocated once)
 };
 
 struct BenchReport {
@@ -36,6 +55,7 @@ struct BenchReport {
   // A multi-rank bench: every rank's peak_memory_bytes / peak_allocated_bytes, by rank.
   std::vector<int64_t> peak_memory_bytes_per_rank, peak_allocated_bytes_per_rank;
   double first_loss = 0;
+  std::optional<CheckpointCost> checkpoint;  // with --checkpoint (step figures then come from the async run)
   std::string to_json() const;
   std::string to_table() const;
 
