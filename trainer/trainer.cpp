@@ -357,6 +357,7 @@ Trainer::StepResult Trainer::train_step() {
   all_finite_.logical_and_(at::isfinite(r.loss).logical_and(at::isfinite(r.grad_norm)));
 
   progress_.lr = schedule_.lr_at(progress_.step);
+  saver_->before_state_update();  // CUDA: a save's staging copies finish before the update overwrites them
   state_->optimizer_step(progress_.lr);
   state_->ema_update(Ema::decay_at(config_.train.ema_decay, config_.train.ema_warmup, progress_.step));
   progress_.step += 1;

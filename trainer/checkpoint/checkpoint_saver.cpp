@@ -45,10 +45,10 @@ void CheckpointSaver::save(const CheckpointContents& contents) {
     return;
   }
   wait();  // one save in flight: the staging buffers are the previous save's until it is on disk
-  CheckpointContents staged = stager_.stage(contents);
-  stager_.wait();
+  CheckpointContents staged = stager_.stage(contents);  // CUDA: copies issued on a side stream
   const double blocked = seconds_since(t0);
   pending_ = std::async(std::launch::async, [this, staged = std::move(staged), blocked, finish]() {
+    stager_.wait();  // the copies have landed before the files are written from the buffers
     finish(persist(staged, blocked));
   });
 }

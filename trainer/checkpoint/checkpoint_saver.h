@@ -1,7 +1,9 @@
 // Saving checkpoints while training goes on: the three stages of a save and the rule of one save
 // in flight.
 //
-//   1. stage    copy this rank's state into reused host buffers (staging.h); training waits for this
+//   1. stage    copy this rank's state into reused host buffers (staging.h); training waits for
+//               this on the CPU; on CUDA the copies overlap the next forward/backward and only the
+//               optimizer step waits for them (before_state_update)
 //   2. persist  write each file, taking its size and CRC-32 as it is written (a background thread)
 //   3. commit   every rank votes over the checkpoint process group; rank 0 writes the manifest and
 //               renames the directory (save_checkpoint's protocol, checkpoint.h)
@@ -43,11 +45,13 @@ class CheckpointSaver {
   // Saves `contents`, whose tensors may be the live training state: they are copied before this
   // returns, so the caller may change them right after.
   void save(const CheckpointContents& contents);
+  // Call before the state is overwritten (optimizer step, EMA update): on CUDA the device's
+  // current stream waits for the staging copies of the last save (the host does not block).
+  void before_state_update() { stager_.before_state_update(); }
   // Blocks until the save in flight (if any) is committed or has failed.
   void wait();
   // Outcomes of the saves finished since the last call, oldest first; never blocks.
   std::vector<SaveOutcome> take_finished();
-  bool in_flight() const { return pending_.valid(); }
   bool async() const { return async_; }
   int64_t staging_bytes() const { return stager_.buffer_bytes(); }
 

@@ -1,10 +1,18 @@
 #include "trainer/checkpoint/staging.h"
 
-#include <c10/core/impl/DeviceGuardImplInterface.h>
-
-#include <fmt/format.h>
+#include <c10/core/StreamGuard.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
 
 namespace flowtrain::trainer {
+
+namespace {
+std::optional<c10::Device> cuda_device_of(const CheckpointContents& c) {
+  for (const NamedTensors* part : {&c.model, &c.ema, &c.optimizer})
+    for (const auto& [name, t] : *part)
+      if (t.is_cuda()) return t.device();
+  return std::nullopt;
+}
+}  // namespace
 
 NamedTensors CheckpointStager::stage_tensors(const std::string& kind, const NamedTensors& tensors) {
   NamedTensors staged;
@@ -18,13 +26,24 @@ NamedTensors CheckpointStager::stage_tensors(const std::string& kind, const Name
       buffer = at::empty(source.sizes(), source.options().device(at::kCPU).pinned_memory(source.is_cuda()));
     }
     buffer.copy_(source.detach(), /*non_blocking=*/source.is_cuda());
-    if (source.is_cuda()) cuda_device_ = source.device().index();
     staged.emplace_back(name, buffer);
   }
   return staged;
 }
 
 CheckpointContents CheckpointStager::stage(const CheckpointContents& c) {
+  const std::optional<c10::Device> cuda = cuda_device_of(c);
+  std::optional<c10::StreamGuard> on_side_stream;
+  if (cuda) {
+    const c10::impl::VirtualGuardImpl impl(c10::DeviceType::CUDA);
+    if (!side_stream_) side_stream_ = impl.getStreamFromGlobalPool(*cuda);
+    // The copies start after everything the current stream has queued (the step that produced
+    // this state), then run beside whatever it queues next.
+    c10::Event produced(c10::DeviceType::CUDA);
+    produced.record(impl.getStream(*cuda));
+    produced.block(*side_stream_);
+    on_side_stream.emplace(*side_stream_);
+  }
   CheckpointContents staged;
   staged.model = stage_tensors("model", c.model);
   staged.ema = stage_tensors("ema", c.ema);
@@ -39,17 +58,23 @@ CheckpointContents CheckpointStager::stage(const CheckpointContents& c) {
     sh.fixed = stage_tensors("fixed", c.sharded->fixed);
     staged.sharded = std::move(sh);
   }
+  if (cuda) {
+    copied_.emplace(c10::DeviceType::CUDA);
+    copied_->record(*side_stream_);
+  } else {
+    copied_.reset();
+  }
   return staged;
 }
 
+void CheckpointStager::before_state_update() {
+  if (!copied_) return;
+  const c10::impl::VirtualGuardImpl impl(c10::DeviceType::CUDA);
+  copied_->block(impl.getStream(side_stream_->device()));
+}
+
 void CheckpointStager::wait() {
-  if (cuda_device_ < 0) return;
-  // The copies were issued on the current stream: waiting for the device orders them before the
-  // host reads the buffers. (A side stream with an event, so that the next forward overlaps the
-  // copy, is the CUDA refinement this leaves for later.)
-  // Through the device-guard registry: this file needs no CUDA headers and builds without CUDA.
-  c10::impl::getDeviceGuardImpl(c10::kCUDA)->synchronizeDevice(cuda_device_);
-  cuda_device_ = -1;
+  if (copied_) copied_->synchronize();
 }
 
 int64_t CheckpointStager::buffer_bytes() const {

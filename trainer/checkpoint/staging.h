@@ -1,26 +1,40 @@
 // Stage 1 of an asynchronous save: this rank's checkpoint tensors copied into host buffers that
-// belong to the stager, so the step after the save may overwrite weights, moments and EMA while
+// belong to the stager, so the steps after the save may overwrite weights, moments and EMA while
 // the copies are persisted in the background.
 //
 // The buffers are allocated at the first save and reused by every later one (a state's shapes do
-// not change during a run): staging is then a copy, never an allocation. On CUDA they are pinned
-// and the device-to-host copies are issued asynchronously; wait() blocks until they are done.
-// The price is host memory: one more copy of this rank's training state (its shard, under FSDP).
+// not change during a run): staging is then a copy, never an allocation. The price is host
+// memory: one more copy of this rank's training state (its shard, under FSDP).
+//
+// CPU tensors are copied before stage() returns. CUDA tensors are copied into pinned buffers on a
+// side stream, after the work the current stream has queued (the step that produced them), and
+// stage() returns at once: the next forward and backward run while the copies do, since they
+// only read the state. Two waits remain, both on the copies' event:
+//   - before_state_update(): the current stream waits (the host does not) — call it before the
+//     optimizer step and the EMA update, which overwrite what is being copied;
+//   - wait(): the calling thread blocks — the persist thread calls it before reading the buffers.
+// (The CUDA path compiles on every build through c10's device-generic stream and event API; it
+// has not run on a GPU yet.)
 #pragma once
 
 #include "trainer/checkpoint/checkpoint.h"
 
+#include <c10/core/Event.h>
+
 #include <map>
+#include <optional>
 #include <string>
 
 namespace flowtrain::trainer {
 
 class CheckpointStager {
  public:
-  // Copies every tensor of `contents` into this stager's buffers and returns the same contents
-  // referring to the buffers. The returned tensors stay valid until the next stage() call.
+  // Issues the copies of every tensor of `contents` into this stager's buffers and returns the
+  // same contents referring to the buffers, valid until the next stage() call.
   CheckpointContents stage(const CheckpointContents& contents);
-  // Blocks until the copies issued by the last stage() have landed (a no-op for CPU sources).
+  // CUDA: the device's current stream waits for the staging copies. A no-op after CPU staging.
+  void before_state_update();
+  // Blocks until the staging copies have landed. A no-op after CPU staging.
   void wait();
   // Bytes held in staging buffers (allocated once, reused).
   int64_t buffer_bytes() const;
@@ -29,7 +43,8 @@ class CheckpointStager {
   NamedTensors stage_tensors(const std::string& kind, const NamedTensors& tensors);
 
   std::map<std::string, at::Tensor> buffers_;  // "<kind>/<name>" → host buffer
-  c10::DeviceIndex cuda_device_ = -1;  // the device whose copies are in flight, -1 when none
+  std::optional<c10::Stream> side_stream_;     // CUDA: where the device-to-host copies run
+  std::optional<c10::Event> copied_;           // CUDA: recorded after the last stage()'s copies
 };
 
 }  // namespace flowtrain::trainer
