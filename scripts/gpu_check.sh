@@ -109,6 +109,28 @@ train default_fp32_tf32 configs/fashion_dit.yaml 300 train.precision=fp32
 bench dit_b2_bf16 20 model.size=B model.hidden=0 model.depth=0 model.heads=0 data.batch_size=256 train.precision=bf16
 bench dit_xl2_bf16 20 model.size=XL model.hidden=0 model.depth=0 model.heads=0 data.batch_size=256 train.precision=bf16
 
+# What a checkpoint save costs at DiT-XL/2 (docs/checkpoints.md): the run twice, saving every 3
+# steps synchronously then asynchronously (CUDA staging on a side stream). ~11 GB per checkpoint.
+if in_budget; then
+  ./build-gpu/flowtrain bench -c configs/bench/dit_s2_latent.yaml --synthetic --steps 9 --warmup 3 --checkpoint \
+    --checkpoint-every 3 --set run.device=cuda --set model.size=XL --set model.hidden=0 --set model.depth=0 \
+    --set model.heads=0 --set data.batch_size=64 --set train.precision=bf16 \
+    --json "$OUT/bench-checkpoint-xl.json" > "$OUT/bench-checkpoint-xl.log" 2>&1
+  rc=$?
+  figure=$(python3 - "$OUT/bench-checkpoint-xl.json" <<'PY'
+import json, sys
+try:
+    r = json.load(open(sys.argv[1]))
+    print(f"sync {r['checkpoint_sync_s']:.2f} s, async blocks {r['checkpoint_blocked_s']:.3f} s "
+          f"({100 * r['checkpoint_blocked_fraction']:.1f}%), persist {r['checkpoint_persist_s']:.2f} s, "
+          f"step {r['checkpoint_step_clear_s'] * 1e3:.0f} -> {r['checkpoint_step_overlap_s'] * 1e3:.0f} ms overlapped")
+except Exception as e:
+    print(f"no report ({e})")
+PY
+)
+  if ((rc == 0)); then record PASS "checkpoint cost xl" "$figure"; else record FAIL "checkpoint cost xl" "rc $rc (bench-checkpoint-xl.log)"; fi
+fi
+
 # FSDP on NCCL at world 1 (parallel.fsdp=on): trains, and a Kineto trace of 3 steps must show the
 # FSDP ranges and NCCL kernels.
 train fsdp_nccl_w1 configs/fashion_dit.yaml 100 train.precision=bf16 parallel.fsdp=on parallel.backend=nccl \
