@@ -17,8 +17,9 @@
 // Sharded (FSDP) checkpoints: every shard writes its own files, `model.shard-K-of-N.safetensors`
 // (and ema., optimizer.), keyed by unit ("stem", "blocks.3", "head"), plus rank 0's `fixed.safetensors`
 // (unsharded parameters) and rng; the manifest's "layout" records the units (trainer/checkpoint/shard_layout.h)
-// and every file's CRC. The commit protocol is the same, with barriers: rank 0 creates the .tmp
-// directory; all writers write and record their digests; rank 0 writes the manifest and renames.
+// and every file's CRC. The commit protocol is the same, each phase closed by a vote of all ranks
+// (SaveGroup): rank 0 creates the .tmp directory; all writers write and record their digests;
+// rank 0 writes the manifest and renames.
 // load_checkpoint() consolidates any checkpoint to full named tensors (export, eval, a resume at
 // another world size); load_checkpoint_shard() reads one shard for an exact same-layout resume.
 #pragma once
