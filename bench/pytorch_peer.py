@@ -343,7 +343,8 @@ def check_trained_run(run_dir: str, meta: dict, dump: dict, device: torch.device
         for line in f:
             if line.strip():
                 rec = json.loads(line)
-                metrics[int(rec["step"])] = rec
+                if "loss" in rec:  # training-step rows (checkpoint and eval rows share the file)
+                    metrics[int(rec["step"])] = rec
     usable = [k for k in steps if k + 1 in metrics and k > 0]
     if not usable:
         return False, f"network parity: FAIL ({run_dir} has no checkpoint K > 0 with a logged step K+1)"

@@ -71,7 +71,7 @@ train() {  # name config steps extra-sets… -> PASS when it exits 0 with a fini
   figure=$(python3 - "$dir/metrics.jsonl" <<'PY'
 import json, math, sys
 try:
-    r = [json.loads(l) for l in open(sys.argv[1]) if l.strip()][-1]
+    r = [row for row in (json.loads(l) for l in open(sys.argv[1]) if l.strip()) if "loss" in row][-1]
     ok = math.isfinite(r["loss"])
     print(("ok " if ok else "bad ") + f"loss {r['loss']:.4f}, {r['samples_per_s']:.0f} samples/s, {r['step_time_s'] * 1e3:.1f} ms/step")
 except Exception as e:
