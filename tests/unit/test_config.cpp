@@ -101,7 +101,7 @@ TEST(ConfigTest, AllKeysListsEverySettingInFileOrder) {
       "train.steps", "train.grad_accum", "train.precision", "train.ema_decay", "train.ema_warmup", "train.log_every", "train.threads",
       "train.tensorboard", "train.activation_checkpointing", "train.activation_checkpointing_every", "train.tf32",
       "train.init_from", "sample.every", "sample.num", "sample.steps", "sample.sampler", "sample.cfg_scale", "sample.seed",
-      "checkpoint.every", "checkpoint.keep", "checkpoint.resume",
+      "checkpoint.every", "checkpoint.keep", "checkpoint.resume", "checkpoint.async", "checkpoint.on_error",
       "eval.every", "eval.num", "eval.steps", "eval.sampler", "eval.cfg_scale", "eval.seed", "eval.classifier_dir",
       "profile.enabled", "profile.start_step", "profile.num_steps", "profile.record_shapes", "profile.memory",
       "parallel.dp_replicate", "parallel.dp_shard", "parallel.cp", "parallel.cp_attention", "parallel.fsdp",
@@ -342,7 +342,7 @@ Config everything_changed() {
   c.optim = {3e-4, 0.8, 0.95, 1e-6, 0.01, 50, "cosine", 0.1, 0.0};
   c.train = {12345, 3, "bf16", 0.999, false, 5, 2, false, "full", 2, false, "/tmp/init.safetensors"};
   c.sample = {0, 16, 20, "heun", 4.0, 99};
-  c.checkpoint = {100, 0, "never"};
+  c.checkpoint = {100, 0, "never", /*async=*/false, "warn"};
   c.eval = {250, 500, 10, "euler", 2.0, 7, "/tmp/classifiers"};
   c.profile = {true, 4, 2, true, true};
   c.parallel = {2, 4, 2, "ring", "on", false, false, "bf16", true, "gloo", 30.5};
