@@ -9,6 +9,7 @@
 // (seed, epoch, rank, world). The last incomplete global batch of an epoch is dropped.
 #pragma once
 
+#include "data/batch_source.h"
 #include "data/image_dataset.h"
 
 #include <ATen/ATen.h>
@@ -23,12 +24,6 @@
 
 namespace flowtrain::data {
 
-struct LoaderState {
-  int64_t epoch = 0;
-  int64_t position = 0;  // samples of `epoch` already consumed (global, all ranks)
-  bool operator==(const LoaderState& o) const { return epoch == o.epoch && position == o.position; }
-};
-
 struct LoaderOptions {
   int64_t global_batch = 64;  // samples per step over all ranks
   int64_t workers = 2;        // 0: assemble batches in the caller's thread
@@ -41,25 +36,18 @@ struct LoaderOptions {
   bool pin_memory = false;
 };
 
-struct Batch {
-  at::Tensor images;  // float32 [b, C, S, S] in [−1, 1], b = global_batch / world
-  at::Tensor labels;  // int64 [b]
-  std::map<std::string, at::Tensor> fields;  // the data set's per-sample fields, rows of this batch
-  LoaderState state_after;  // the loader state once this batch is consumed
-};
-
 // The epoch permutation of [0, n): a pure function of (seed, epoch).
 std::vector<int64_t> epoch_order(int64_t n, uint64_t seed, int64_t epoch);
 
-class Loader {
+class Loader final : public BatchSource {
  public:
   Loader(std::shared_ptr<const ImageDataset> dataset, LoaderOptions options, LoaderState start = {});
   ~Loader();
   Loader(const Loader&) = delete;
   Loader& operator=(const Loader&) = delete;
 
-  Batch next();                 // blocks until the next batch is ready; rethrows worker errors
-  LoaderState state() const;    // the state after the last batch returned by next()
+  Batch next() override;
+  LoaderState state() const override;
 
  private:
   struct Task { int64_t index; LoaderState start; };

@@ -78,10 +78,10 @@ void write_png(const std::string& path, const at::Tensor& image) {
   }
 }
 
-at::Tensor read_png(const std::string& path) {
-  png_image png = blank_image();
-  if (!png_image_begin_read_from_file(&png, path.c_str()))
-    throw DataError("cannot read PNG file " + path + ": " + png.message);
+namespace {
+
+// After png_image_begin_read_*: decodes to 8-bit gray or RGB; `what` names the source in errors.
+at::Tensor finish_png_read(png_image& png, const std::string& what) {
   const bool rgb = (png.format & PNG_FORMAT_FLAG_COLOR) != 0;
   png.format = rgb ? PNG_FORMAT_RGB : PNG_FORMAT_GRAY;
   const int64_t h = png.height, w = png.width;
@@ -91,9 +91,25 @@ at::Tensor read_png(const std::string& path) {
   if (!png_image_finish_read(&png, &black, out.data_ptr(), 0, nullptr)) {
     const std::string message = png.message;
     png_image_free(&png);
-    throw DataError("cannot decode PNG file " + path + ": " + message);
+    throw DataError("cannot decode PNG " + what + ": " + message);
   }
   return out;
+}
+
+}  // namespace
+
+at::Tensor read_png(const std::string& path) {
+  png_image png = blank_image();
+  if (!png_image_begin_read_from_file(&png, path.c_str()))
+    throw DataError("cannot read PNG file " + path + ": " + png.message);
+  return finish_png_read(png, "file " + path);
+}
+
+at::Tensor decode_png(const std::string& bytes, const std::string& what) {
+  png_image png = blank_image();
+  if (!png_image_begin_read_from_memory(&png, bytes.data(), bytes.size()))
+    throw DataError("cannot read PNG " + what + ": " + png.message);
+  return finish_png_read(png, what);
 }
 
 at::Tensor make_image_grid(const at::Tensor& images, int64_t nrow, int64_t padding) {

@@ -21,6 +21,8 @@ std::string encode_png(const at::Tensor& image);
 // Returns uint8 [H, W] for gray PNGs and [H, W, 3] for color ones; 16-bit images are reduced to
 // 8 bits, palettes expanded, and alpha composited onto black. Throws DataError naming the file.
 at::Tensor read_png(const std::string& path);
+// The same from PNG bytes in memory (a tar member); `what` names them in errors.
+at::Tensor decode_png(const std::string& bytes, const std::string& what);
 
 // Tiles images (float [N, C, H, W] in [-1, 1], C = 1 or 3, any device) into one uint8 image:
 // row-major, `nrow` images per row (fewer columns if N < nrow, as torchvision does), `padding`

@@ -210,13 +210,22 @@ WrittenFile write_safetensors(const std::string& path, const NamedTensors& tenso
 
 // --- SafetensorsReader -------------------------------------------------------------------------
 
+// The file's bytes: an mmap of a file, or a string held in memory (a tar member).
 struct SafetensorsReader::Mapping {
   const unsigned char* data = nullptr;
   size_t size = 0;
-  Mapping(const void* d, size_t s) : data(static_cast<const unsigned char*>(d)), size(s) {}
+  std::string owned;  // in-memory bytes; empty for an mmap
+  bool mapped = false;
+  Mapping(const void* d, size_t s) : data(static_cast<const unsigned char*>(d)), size(s), mapped(true) {}
+  explicit Mapping(std::string bytes) : owned(std::move(bytes)) {
+    data = reinterpret_cast<const unsigned char*>(owned.data());
+    size = owned.size();
+  }
   Mapping(const Mapping&) = delete;
   Mapping& operator=(const Mapping&) = delete;
-  ~Mapping() { ::munmap(const_cast<unsigned char*>(data), size); }
+  ~Mapping() {
+    if (mapped) ::munmap(const_cast<unsigned char*>(data), size);
+  }
 };
 
 SafetensorsReader::SafetensorsReader(const std::string& path) : path_(path) {
@@ -245,7 +254,21 @@ SafetensorsReader::SafetensorsReader(const std::string& path) : path_(path) {
   ::close(fd);  // the mapping keeps the file referenced
   if (addr == MAP_FAILED) throw DataError(where + "cannot mmap: " + mmap_err);
   mapping_ = std::make_shared<const Mapping>(addr, file_size);
+  parse(where);
+}
+
+SafetensorsReader::SafetensorsReader(std::string bytes, const std::string& name) : path_(name) {
+  const std::string where = "safetensors " + name + ": ";
+  if (bytes.size() < 8)
+    throw DataError(where + std::to_string(bytes.size()) +
+                    " bytes, shorter than the 8-byte header length field (truncated?)");
+  mapping_ = std::make_shared<const Mapping>(std::move(bytes));
+  parse(where);
+}
+
+void SafetensorsReader::parse(const std::string& where) {
   const unsigned char* base = mapping_->data;
+  const uint64_t file_size = mapping_->size;
 
   // Header length: bounded, and within the file.
   const uint64_t header_len = read_le_u64(base);

@@ -39,6 +39,8 @@ WrittenFile write_safetensors(const std::string& path, const NamedTensors& tenso
 class SafetensorsReader {
  public:
   explicit SafetensorsReader(const std::string& path);
+  // The same checks over bytes in memory (a tar member); `name` stands for the path in errors.
+  SafetensorsReader(std::string bytes, const std::string& name);
 
   const std::vector<std::string>& keys() const;  // in file offset order
   bool contains(const std::string& name) const;
@@ -58,6 +60,7 @@ class SafetensorsReader {
   struct Mapping;
 
   const Entry& entry(const std::string& name) const;
+  void parse(const std::string& where);  // the header and entries of mapping_
 
   std::string path_;
   std::shared_ptr<const Mapping> mapping_;

@@ -82,6 +82,7 @@ models::Tensors run_unit(const TrainConfig& train, int64_t index, const models::
 }
 
 std::shared_ptr<const data::ImageDataset> build_dataset(const Config& c) {
+  if (c.data.source == "shards") return nullptr;  // streamed by the shard loader (trainer/data_source.h)
   auto dataset = std::make_shared<data::ImageDataset>();
   if (c.data.source == "fashion_mnist") {
     *dataset = data::load_fashion_mnist(c.data.path, "train");

@@ -40,7 +40,7 @@ models::Tensors run_unit(const TrainConfig& train, int64_t index, const models::
                          const models::Tensors& inputs);
 
 // Loads data.source (compositions: with its text fields, trainer/run_conditioning.h); checks the images fit model.in_channels / image_size / num_classes and
-// throws ConfigError naming the key otherwise.
+// throws ConfigError naming the key otherwise. Null for data.source shards (streamed, not loaded).
 std::shared_ptr<const data::ImageDataset> build_dataset(const Config& config);
 
 // The loader and timestep sampler of a run. The trainer and the parity dump of `flowtrain bench`

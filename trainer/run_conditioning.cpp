@@ -122,12 +122,14 @@ RunConditioning run_conditioning(const Config& c, std::shared_ptr<const data::Im
     rc.grid_columns = std::min<int64_t>(classes, 10);
     return rc;
   }
-  if (c.data.source != "compositions" && c.data.source != "synthetic")
+  if (c.data.source != "compositions" && c.data.source != "synthetic" && c.data.source != "shards")
     throw ConfigError(fmt::format("'model.arch' {} is conditioned on text, and data.source '{}' provides class labels "
                                   "only (use data.source compositions: `flowtrain data make-compositions`)",
                                   c.model.arch, c.data.source));
   rc.grid_columns = 8;
-  if (builtin_text(c) && c.data.source == "compositions") {
+  // Captions (compositions, or shards' .txt members) through the built-in encoder; grid and
+  // evaluation rows are the prompts of data.path/eval_prompts.jsonl.
+  if (builtin_text(c) && (c.data.source == "compositions" || c.data.source == "shards")) {
     rc.of_batch = [](const data::Batch& b) {
       return models::Conditioning{{"tokens", b.fields.at("tokens")}, {"txt_mask", b.fields.at("txt_mask")}};
     };

@@ -1,5 +1,7 @@
 #include "trainer/trainer.h"
 
+#include "trainer/data_source.h"
+
 #include "data/png.h"
 #include "data/splitmix64.h"
 #include "models/autocast_region.h"
@@ -186,8 +188,13 @@ Trainer::Trainer(Config config, TrainerHooks hooks) : config_(std::move(config))
     spdlog::info("starting from scratch (seed {})", config_.run.seed);
   }
 
-  loader_ = std::make_unique<data::Loader>(dataset_, loader_options(config_, dp_rank_, dp_size_, device_),
-                                           progress_.loader);
+  if (runtime_) {
+    const auto group = runtime_->mesh().context_group(env_.rank);
+    data_lead_ = env_.rank == *std::min_element(group.begin(), group.end());
+  }
+  if (config_.data.source == "shards" && progress_.shards) progress_.loader = shard_start_state(*progress_.shards);
+  loader_ = make_batch_source(config_, dataset_, dp_rank_, dp_size_, device_, progress_.loader);
+  if (config_.data.source == "shards" && config_.data.record_keys) open_key_logs();
   if (lead()) {
     metrics_ = std::make_unique<MetricsWriter>((fs::path(config_.run.out_dir) / "metrics.jsonl").string(), progress_.step);
     if (config_.train.tensorboard)
@@ -305,6 +312,77 @@ void Trainer::restore(const std::string& dir) {
                progress_.loader.position);
 }
 
+std::vector<int64_t> Trainer::sum_over_data_ranks(std::vector<int64_t> values) {
+  if (!runtime_) return values;
+  at::Tensor t = at::tensor(values, at::TensorOptions().dtype(at::kLong));
+  if (!data_lead_) t.zero_();  // context-parallel peers hold the same batches: counted once
+  t = t.to(device_);
+  runtime_->world_group().all_reduce(t, parallel::ReduceOp::Sum)->wait();
+  t = t.cpu();
+  return std::vector<int64_t>(t.data_ptr<int64_t>(), t.data_ptr<int64_t>() + t.numel());
+}
+
+data::LoaderState Trainer::shard_start_state(const ShardsDataState& saved) {
+  data::LoaderState s;
+  s.epoch = saved.epoch;
+  s.stream_counts = saved.stream_counts;
+  // The epoch's end was agreed for the saved world size; another one recomputes it.
+  s.batches_left = saved.world == dp_size_ ? saved.batches_left : -1;
+  // Run totals sit on data-parallel rank 0, so the sum over ranks stays the total.
+  s.skipped = dp_rank_ == 0 ? saved.skipped : 0;
+  s.repeated = dp_rank_ == 0 ? saved.repeated : 0;
+  s.keys_written = dp_rank_ < static_cast<int64_t>(saved.keys_written.size()) ? saved.keys_written[dp_rank_] : 0;
+  keys_written_carried_ = saved.keys_written;
+  if (saved.world != dp_size_)
+    spdlog::info("data: resuming epoch {} at {} data-parallel ranks (saved at {}): every stream continues at its "
+                 "count, so the epoch's remaining samples are each seen once",
+                 saved.epoch, dp_size_, saved.world);
+  return s;
+}
+
+ShardsDataState Trainer::merged_shard_state() {
+  const data::LoaderState& mine = progress_.loader;
+  const auto streams = static_cast<int64_t>(mine.stream_counts.size());
+  const int64_t ranks = std::max<int64_t>(dp_size_, static_cast<int64_t>(keys_written_carried_.size()));
+  // [stream counts (from each stream's owner) | skipped | repeated | key lines per rank]
+  std::vector<int64_t> v(static_cast<size_t>(streams + 2 + ranks), 0);
+  for (int64_t c = dp_rank_; c < streams; c += dp_size_) v[static_cast<size_t>(c)] = mine.stream_counts[c];
+  v[static_cast<size_t>(streams)] = mine.skipped;
+  v[static_cast<size_t>(streams + 1)] = mine.repeated;
+  v[static_cast<size_t>(streams + 2 + dp_rank_)] = mine.keys_written;
+  if (dp_rank_ == 0)
+    for (int64_t r = dp_size_; r < ranks; ++r) v[static_cast<size_t>(streams + 2 + r)] = keys_written_carried_[r];
+  v = sum_over_data_ranks(std::move(v));
+  ShardsDataState s;
+  s.world = dp_size_;
+  s.epoch = mine.epoch;
+  s.batches_left = mine.batches_left;
+  s.stream_counts.assign(v.begin(), v.begin() + streams);
+  s.skipped = v[static_cast<size_t>(streams)];
+  s.repeated = v[static_cast<size_t>(streams + 1)];
+  s.keys_written.assign(v.begin() + streams + 2, v.end());
+  return s;
+}
+
+void Trainer::open_key_logs() {
+  if (!data_lead_) return;
+  const auto lines = [&](int64_t r) {
+    return r < static_cast<int64_t>(keys_written_carried_.size()) ? keys_written_carried_[r] : int64_t{0};
+  };
+  // Files of ranks beyond this world: cut back to the checkpoint too (a rank's lines after it
+  // were never covered by a checkpoint); a fresh run empties leftovers of an earlier attempt.
+  if (lead()) {
+    const fs::path dir = fs::path(config_.run.out_dir) / "data";
+    if (fs::exists(dir))
+      for (const auto& e : fs::directory_iterator(dir)) {
+        int64_t r = -1;
+        if (std::sscanf(e.path().filename().string().c_str(), "keys-rank-%ld.txt", &r) == 1 && r >= dp_size_)
+          truncate_key_log(e.path().string(), lines(r));
+      }
+  }
+  key_log_ = std::make_unique<KeyLog>(config_.run.out_dir, dp_rank_, progress_.loader.keys_written);
+}
+
 Trainer::StepResult Trainer::train_step() {
   const int64_t accum = config_.train.grad_accum;
   const auto t_data = Clock::now();
@@ -363,6 +441,7 @@ Trainer::StepResult Trainer::train_step() {
   progress_.step += 1;
   progress_.samples_seen += config_.data.batch_size;
   progress_.loader = batch.state_after;
+  if (key_log_) key_log_->append(batch.keys);
   return r;
 }
 
@@ -380,6 +459,7 @@ void Trainer::write_checkpoint() {
   state_->fill_checkpoint(c);
   c.rng.emplace_back("cpu", at::detail::getDefaultCPUGenerator().get_state());
   c.progress = progress_;
+  if (config_.data.source == "shards") c.progress.shards = merged_shard_state();
   c.config_yaml = config_yaml_;
   c.world_size = env_.world;
   saver_->save(c);  // async: returns once the state is staged; sync: once it is committed
@@ -520,7 +600,7 @@ void Trainer::log_step(const StepResult& r, double step_time, double data_wait) 
                "{:.3f} s/step (data {:.0f}%) | ETA {}",
                step, std::to_string(total).size(), total, loss, grad_norm, progress_.lr, samples_per_s, step_time,
                100.0 * data_wait / step_time, format_duration((total - step) * step_time));
-  const std::map<std::string, double> values = {{"loss", loss},
+  std::map<std::string, double> values = {{"loss", loss},
                                                 {"grad_norm", grad_norm},
                                                 {"lr", progress_.lr},
                                                 {"samples_per_s", samples_per_s},
@@ -529,6 +609,11 @@ void Trainer::log_step(const StepResult& r, double step_time, double data_wait) 
                                                 {"compute_s", step_time - data_wait},
                                                 {"epoch", double(progress_.loader.epoch)},
                                                 {"samples_seen", double(progress_.samples_seen)}};
+  if (config_.data.source == "shards") {  // damaged samples skipped so far, over all ranks
+    const auto totals = sum_over_data_ranks({progress_.loader.skipped, progress_.loader.repeated});
+    values["data_skipped"] = double(totals[0]);
+    values["data_repeated"] = double(totals[1]);
+  }
   if (metrics_) metrics_->write(step, values);
   if (tensorboard_) tensorboard_->add_scalars(values, step);
   check_finite("at log step");

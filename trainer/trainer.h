@@ -7,7 +7,8 @@
 //   then periodic sample grid / eval / checkpoint (rank 0 writes; collectives on all ranks).
 #pragma once
 
-#include "data/loader.h"
+#include "data/batch_source.h"
+#include "data/image_dataset.h"
 #include "models/model.h"
 #include "models/flow_matching.h"
 #include "trainer/checkpoint/checkpoint.h"
@@ -16,6 +17,7 @@
 #include "parallel/env.h"
 #include "parallel/runtime.h"
 #include "trainer/optimizer.h"
+#include "trainer/telemetry/key_log.h"
 #include "trainer/telemetry/profiler.h"
 #include "trainer/telemetry/run_log.h"
 #include "trainer/telemetry/tensorboard.h"
@@ -72,6 +74,13 @@ class Trainer {
 
   void prepare_run_dir();
   void restore(const std::string& checkpoint_dir);
+  // Shards: this rank's loader state at a resume, from the merged state of all ranks.
+  data::LoaderState shard_start_state(const ShardsDataState& saved);
+  // Shards: every rank's loader state merged (a collective over the world), for a checkpoint.
+  ShardsDataState merged_shard_state();
+  // The sum of `values` over data-parallel ranks (each counted once; a collective under FSDP).
+  std::vector<int64_t> sum_over_data_ranks(std::vector<int64_t> values);
+  void open_key_logs();
   StepResult train_step();
   void write_checkpoint();
   // Logs finished saves, records their times in metrics and applies checkpoint.on_error.
@@ -104,7 +113,13 @@ class Trainer {
   LrSchedule schedule_;
   models::TimestepSampler timesteps_;
   std::shared_ptr<const data::ImageDataset> dataset_;
-  std::unique_ptr<data::Loader> loader_;
+  std::unique_ptr<data::BatchSource> loader_;
+  // data.source shards: whether this rank writes for its data-parallel rank (the first of its
+  // context-parallel group; the others hold the same batches), its data.record_keys file, and the
+  // key-file line counts of ranks beyond the current world (from a wider earlier world).
+  bool data_lead_ = true;
+  std::unique_ptr<KeyLog> key_log_;
+  std::vector<int64_t> keys_written_carried_;
   std::unique_ptr<MetricsWriter> metrics_;          // rank 0 only
   std::unique_ptr<TensorBoardWriter> tensorboard_;  // rank 0, when train.tensorboard is on
   std::unique_ptr<StepProfiler> profiler_;          // null when profile.enabled is off

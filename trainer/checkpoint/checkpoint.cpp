@@ -49,6 +49,20 @@ void maybe_fault_after_first_file(int64_t step, const fs::path& file) {
 
 json state_json(const data::LoaderState& s) { return {{"epoch", s.epoch}, {"position", s.position}}; }
 
+// The in-memory loader's state is global (samples of the epoch consumed by all ranks together);
+// each rank's slice of a batch follows from it, so one record serves every rank. Shards add the
+// merged state of all ranks.
+json data_json(const TrainProgress& p) {
+  json j = {{"ranks", json::array({json{{"rank", 0}, {"state", state_json(p.loader)}}})}};
+  if (p.shards) {
+    const ShardsDataState& s = *p.shards;
+    j["shards"] = {{"world", s.world},           {"epoch", s.epoch},     {"batches_left", s.batches_left},
+                   {"stream_counts", s.stream_counts}, {"skipped", s.skipped}, {"repeated", s.repeated},
+                   {"keys_written", s.keys_written}};
+  }
+  return j;
+}
+
 template <typename T>
 T required(const json& j, const char* key, const std::string& file) {
   if (!j.contains(key)) throw CheckpointError(fmt::format("{}: manifest has no '{}'", file, key));
@@ -201,7 +215,7 @@ std::string save_checkpoint(const std::string& checkpoints_dir, const Checkpoint
           {"optimizer", {{"type", "adamw"}, {"step_count", c.optimizer_step_count}}},
           // The loader state is global (samples of the epoch consumed by all ranks together);
           // each rank's slice of a batch follows from it, so one record serves every rank.
-          {"data", {{"ranks", json::array({json{{"rank", 0}, {"state", state_json(c.progress.loader)}}})}}},
+          {"data", data_json(c.progress)},
           {"rng", {{"scheme", "per-sample generators seeded from (run.seed, step, global sample index)"}}},
           {"layout", layout},
           {"config_yaml", c.config_yaml},
@@ -257,6 +271,23 @@ CheckpointContents read_metadata(const std::string& dir, const json& manifest) {
   if (ranks.empty()) throw CheckpointError(fmt::format("{}: no data-loader state", mpath));
   c.progress.loader.epoch = ranks[0]["state"].value("epoch", int64_t{0});
   c.progress.loader.position = ranks[0]["state"].value("position", int64_t{0});
+  const json data = required<json>(manifest, "data", mpath);
+  if (data.contains("shards")) {
+    try {
+      const json& j = data.at("shards");
+      ShardsDataState s;
+      s.world = j.at("world").get<int64_t>();
+      s.epoch = j.at("epoch").get<int64_t>();
+      s.batches_left = j.at("batches_left").get<int64_t>();
+      s.stream_counts = j.at("stream_counts").get<std::vector<int64_t>>();
+      s.skipped = j.at("skipped").get<int64_t>();
+      s.repeated = j.at("repeated").get<int64_t>();
+      s.keys_written = j.at("keys_written").get<std::vector<int64_t>>();
+      c.progress.shards = s;
+    } catch (const json::exception& e) {
+      throw CheckpointError(fmt::format("{}: data.shards: {}", mpath, e.what()));
+    }
+  }
   c.config_yaml = required<std::string>(manifest, "config_yaml", mpath);
   c.world_size = manifest.value("layout", json::object()).value("world_size", int64_t{1});
   if (manifest["files"].contains("rng.safetensors")) c.rng = read_tensors(fs::path(dir) / "rng.safetensors");

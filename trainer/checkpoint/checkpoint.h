@@ -34,11 +34,26 @@
 
 namespace flowtrain::trainer {
 
+// data.source shards: the loader state of every data-parallel rank, merged when saved (each
+// canonical stream's count comes from the rank that owns it). A resumed rank starts from it
+// at any world size (data/shards/stream_plan.h).
+struct ShardsDataState {
+  int64_t world = 1;  // data-parallel ranks at the save
+  int64_t epoch = 0;
+  int64_t batches_left = 0;  // valid for a resume at the same world size
+  std::vector<int64_t> stream_counts;
+  int64_t skipped = 0, repeated = 0;  // over all ranks, over the run
+  // Lines in each data-parallel rank's data.record_keys file at the save; ranks of an earlier,
+  // wider world keep their entries.
+  std::vector<int64_t> keys_written;
+};
+
 struct TrainProgress {
   int64_t step = 0;           // optimizer steps completed
   int64_t samples_seen = 0;
   double lr = 0.0;            // lr used by the last step
-  data::LoaderState loader;   // rank 0 (world 1); one entry per rank once sharded
+  data::LoaderState loader;   // in-memory source: the global state; shards: this rank's
+  std::optional<ShardsDataState> shards;  // shards: all ranks' state (set at a save, read at a resume)
 };
 
 // This rank's part of a sharded state; model/ema/optimizer then hold unit-keyed shard tensors.

@@ -5,6 +5,8 @@
 #include "data/compositions.h"
 #include "data/fashion_mnist.h"
 #include "data/png.h"
+#include "data/shards/pack.h"
+#include "data/shards/shard_inspect.h"
 #include "data/safetensors.h"
 #include "models/flux/flux.h"
 #include "models/text/text_to_image.h"
@@ -342,6 +344,24 @@ int main(int argc, char** argv) {
   make_compositions->add_option("--vocab-size", compositions.vocab_size, "tokenizer pieces (upper bound)")
       ->capture_default_str();
 
+  data::PackOptions pack_options;
+  auto* pack = data_cmd->add_subcommand(
+      "pack", "write a data set as WebDataset shards DIR/train-NNNNNN.tar plus DIR/index.json (data/shards/pack.h)");
+  pack->add_option("--from", pack_options.from, "fashion-mnist | folder:PATH | compositions:PATH")->required();
+  pack->add_option("--out", pack_options.out_dir, "output directory")->required();
+  pack->add_option("--path", pack_options.path, "fashion-mnist: the IDX directory (default: Debian's)");
+  pack->add_option("--split", pack_options.split, "fashion-mnist: train | test")->capture_default_str();
+  pack->add_option("--max-count", pack_options.max_count, "samples per shard")->capture_default_str();
+  pack->add_option("--max-size", pack_options.max_size, "bytes per shard")->capture_default_str();
+  pack->add_option("--limit", pack_options.limit, "only the first N samples (0: all)")->capture_default_str();
+  std::vector<std::string> inspect_shards;
+  bool inspect_summary = false;
+  auto* data_inspect = data_cmd->add_subcommand(
+      "inspect", "list a shard's samples with their members and sizes; exit 1 when any shard is damaged");
+  data_inspect->add_option("shards", inspect_shards, "shard entries or brace patterns (paths, URLs, pipe:…)")
+      ->required();
+  data_inspect->add_flag("--summary", inspect_summary, "one line per shard");
+
   auto* checkpoint_cmd = app.add_subcommand("checkpoint", "look into a checkpoint directory");
   checkpoint_cmd->require_subcommand(1);
   std::string checkpoint_dir;
@@ -440,6 +460,16 @@ int main(int argc, char** argv) {
     }
     if (*sample) return cmd_sample(sample_args, sample_options);
     if (*make_compositions) return cmd_make_compositions(compositions);
+    if (*pack) {
+      trainer::setup_logging("");
+      const auto t0 = std::chrono::steady_clock::now();
+      const data::PackResult r = data::pack_shards(pack_options);
+      spdlog::info("packed {} samples into {} shards ({:.1f} MB) in {:.1f} s", r.samples, r.shards, r.bytes / 1e6,
+                   std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+      std::printf("%s\n", r.pattern.c_str());  // for data.shards
+      return 0;
+    }
+    if (*data_inspect) return data::inspect_shards(inspect_shards, stdout, inspect_summary) == 0 ? 0 : 1;
     if (*exporter) {
       auto names = trainer::export_checkpoint(export_options);
       std::fprintf(stderr, "exported %zu tensors to %s\n", names.size(), export_options.out_path.c_str());

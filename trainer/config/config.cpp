@@ -132,7 +132,8 @@ Allowed non_empty() {
 // ---------------------------------------------------------------------------------------------
 // The schema.
 
-using Ref = std::variant<int64_t*, double*, bool*, std::string*>;
+using StringList = std::vector<std::string>;
+using Ref = std::variant<int64_t*, double*, bool*, std::string*, StringList*>;
 
 struct Field {
   std::string section;
@@ -166,7 +167,7 @@ struct SectionBuilder {
   template <class T>
   SectionBuilder& add(const char* name, T S::*field, Allowed allowed, const char* help) {
     static_assert(std::is_same_v<T, int64_t> || std::is_same_v<T, double> || std::is_same_v<T, bool> ||
-                  std::is_same_v<T, std::string>);
+                  std::is_same_v<T, std::string> || std::is_same_v<T, StringList>);
     auto sec = member;
     section.fields.push_back(
         Field{section.name, name, std::move(allowed), help, [sec, field](Config& c) -> Ref { return &(c.*sec.*field); }});
@@ -236,12 +237,35 @@ std::vector<Section> build_schema() {
                   .section);
 
   s.push_back(section("data", &Config::data)
-                  .add("source", &DataConfig::source, one_of({"fashion_mnist", "compositions", "synthetic"}),
-                       "dataset kind (compositions: `flowtrain data make-compositions`)")
+                  .add("source", &DataConfig::source, one_of({"fashion_mnist", "compositions", "synthetic", "shards"}),
+                       "dataset kind (compositions: `flowtrain data make-compositions`; shards: WebDataset tars, "
+                       "`flowtrain data pack`)")
                   .add("path", &DataConfig::path, any(), "dataset directory")
                   .add("batch_size", &DataConfig::batch_size, at_least(1), "global batch (all ranks, all micro-batches)")
                   .add("workers", &DataConfig::workers, at_least(0), "loader threads; 0 = load in the training thread")
                   .add("prefetch", &DataConfig::prefetch, at_least(1), "queued batches")
+                  .add("shards", &DataConfig::shards, any(),
+                       "shards: WebDataset tar entries, brace patterns (train-{000000..000099}.tar): local paths, "
+                       "http(s):// URLs or pipe:COMMAND")
+                  .add("shard_list", &DataConfig::shard_list, any(), "shards: a file of further entries, one a line")
+                  .add("shard_index", &DataConfig::shard_index, any(),
+                       "shards: index.json with sample counts (default: index.json beside local shards; shards "
+                       "without one are counted by reading them)")
+                  .add("streams", &DataConfig::streams, at_least(0),
+                       "shards: canonical streams the shards are dealt to, fixed for a run; >= ranks x workers; 0 = "
+                       "auto (min(shards, 4 x ranks x workers))")
+                  .add("image_member", &DataConfig::image_member, one_of({"image", "latent"}),
+                       "shards: the model's input: a decoded .png/.jpg, or .latent.safetensors (tensor 'latent')")
+                  .add("shuffle_buffer", &DataConfig::shuffle_buffer, at_least(1), "shards: samples per stream's shuffle buffer")
+                  .add("on_error", &DataConfig::on_error, one_of({"skip", "fail"}),
+                       "shards: a damaged sample is skipped and counted, or stops the run")
+                  .add("max_skip_fraction", &DataConfig::max_skip_fraction, range("[]", 0, 1),
+                       "shards: stop when more than this fraction of samples was damaged")
+                  .add("record_keys", &DataConfig::record_keys, any(),
+                       "shards: append each rank's sample keys to <out_dir>/data/keys-rank-RRRRR.txt")
+                  .add("fetch_retries", &DataConfig::fetch_retries, at_least(0), "shards: http retries with backoff")
+                  .add("fetch_timeout_s", &DataConfig::fetch_timeout_s, above(0),
+                       "shards: http connect timeout, and the stall limit (below 1 byte/s)")
                   .section);
 
   s.push_back(section("optim", &Config::optim)
@@ -476,6 +500,22 @@ void assign(const Field& f, const YAML::Node& value, Config& config, const std::
           if (scalar && text == "true") *member = true;
           else if (scalar && text == "false") *member = false;
           else fail(where, key + " must be true or false, got " + node_kind(value));
+        } else if constexpr (std::is_same_v<T, StringList>) {
+          // A list of strings; one string alone is a list of one.
+          StringList items;
+          if (scalar) {
+            items.push_back(text);
+          } else if (value.IsSequence()) {
+            for (const auto& item : value) {
+              if (!item.IsScalar()) fail(where, key + " must be a list of strings, got an item that is " + node_kind(item));
+              items.push_back(item.Scalar());
+            }
+          } else if (!value.IsNull()) {
+            fail(where, key + " must be a string or a list of strings, got " + node_kind(value));
+          }
+          for (const auto& item : items)
+            if (!f.allowed.admits(item)) fail(where, key + " items must be " + allowed + ", got '" + item + "'");
+          *member = items;
         } else {
           if (!scalar) fail(where, key + " must be " + (allowed.empty() ? "a string" : allowed) + ", got " + node_kind(value));
           if (!f.allowed.admits(text)) fail(where, key + " must be " + allowed + ", got '" + text + "'");
@@ -606,6 +646,10 @@ void Config::validate() const {
             } else if constexpr (std::is_same_v<T, std::string>) {
               if (!f.allowed.admits(*member))
                 throw ConfigError(key + " must be " + f.allowed.describe() + ", got '" + *member + "'");
+            } else if constexpr (std::is_same_v<T, StringList>) {
+              for (const auto& item : *member)
+                if (!f.allowed.admits(item))
+                  throw ConfigError(key + " items must be " + f.allowed.describe() + ", got '" + item + "'");
             }
           },
           f.at_const(*this));
@@ -703,6 +747,13 @@ std::string to_yaml(const Config& config) {
               out << format_double(*member);
             } else if constexpr (std::is_same_v<T, bool>) {
               out << (*member ? "true" : "false");
+            } else if constexpr (std::is_same_v<T, StringList>) {
+              out << YAML::Flow << YAML::BeginSeq;
+              for (const auto& item : *member) {
+                if (needs_quotes(item)) out << YAML::DoubleQuoted;
+                out << item;
+              }
+              out << YAML::EndSeq;
             } else {
               if (needs_quotes(*member)) out << YAML::DoubleQuoted;
               out << *member;

@@ -67,11 +67,23 @@ struct FlowConfig {
 };
 
 struct DataConfig {
-  std::string source = "fashion_mnist";  // fashion_mnist | compositions | synthetic
+  std::string source = "fashion_mnist";  // fashion_mnist | compositions | synthetic | shards
   std::string path = "/usr/share/datasets/fashion-mnist";
   int64_t batch_size = 64;  // global batch (all ranks, all micro-batches)
   int64_t workers = 2;      // background threads assembling batches
   int64_t prefetch = 4;     // bounded queue depth in batches
+  // source: shards (data/shards/): WebDataset tars from local paths, http(s) or pipe: commands.
+  std::vector<std::string> shards;  // brace patterns
+  std::string shard_list = "";      // a file of entries, one a line
+  std::string shard_index = "";     // sample counts (default: index.json beside local shards)
+  int64_t streams = 0;              // canonical streams; 0 = auto
+  std::string image_member = "image";  // image (png/jpg) | latent (.latent.safetensors)
+  int64_t shuffle_buffer = 256;     // per stream
+  std::string on_error = "skip";    // skip | fail
+  double max_skip_fraction = 0.01;
+  bool record_keys = false;
+  int64_t fetch_retries = 5;
+  double fetch_timeout_s = 60.0;
 };
 
 struct OptimConfig {

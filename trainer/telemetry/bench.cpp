@@ -1,5 +1,7 @@
 #include "trainer/telemetry/bench.h"
 
+#include "trainer/data_source.h"
+
 #include "data/loader.h"
 #include "data/safetensors.h"
 #include "models/flow_matching.h"
@@ -323,10 +325,9 @@ double write_parity_dump(const Config& c, const std::string& path) {
   const std::shared_ptr<models::DiffusionModel> model = build_model(c.model);
   auto dataset = build_dataset(c);
   const RunConditioning conditioning = run_conditioning(c, dataset);
-  data::LoaderOptions lo = loader_options(c);
-  lo.workers = 0;  // the stream does not depend on the worker count
-  data::Loader loader(dataset, lo);
-  data::Batch batch = loader.next();
+  // The trainer's source at one rank (batches do not depend on the worker count).
+  const auto loader = make_batch_source(c, dataset, 0, 1, c10::Device(c10::kCPU), {});
+  data::Batch batch = loader->next();
   const int64_t micro = batch.images.size(0) / c.train.grad_accum;
   at::Tensor x0 = batch.images.narrow(0, 0, micro);
   const models::TimestepSampler ts = timestep_sampler(c);

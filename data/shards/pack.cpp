@@ -1,0 +1,155 @@
+#include "data/shards/pack.h"
+
+#include "data/compositions.h"
+#include "data/data_error.h"
+#include "data/fashion_mnist.h"
+#include "data/png.h"
+#include "data/shards/shard_index.h"
+#include "data/shards/tar.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <memory>
+#include <sstream>
+
+namespace flowtrain::data {
+namespace fs = std::filesystem;
+namespace {
+
+using Members = std::vector<std::pair<std::string, std::string>>;  // (extension, bytes)
+
+// Cuts the sample stream into shards by count and size, and records the index.
+class ShardSink {
+ public:
+  ShardSink(const PackOptions& options) : options_(options) {}
+
+  void add(const std::string& key, const Members& members) {
+    uint64_t size = 0;
+    for (const auto& [ext, bytes] : members) size += 512 + (bytes.size() + 511) / 512 * 512;
+    if (writer_ && (count_ >= options_.max_count || writer_->bytes() + size > static_cast<uint64_t>(options_.max_size)))
+      close_shard();
+    if (!writer_) {
+      name_ = fmt::format("train-{:06d}.tar", index_.size());
+      writer_ = std::make_unique<TarWriter>((fs::path(options_.out_dir) / name_).string());
+    }
+    for (const auto& [ext, bytes] : members) writer_->add(key + "." + ext, bytes);
+    ++count_;
+    ++total_;
+  }
+
+  PackResult finish() {
+    if (writer_) close_shard();
+    if (index_.empty()) throw DataError(fmt::format("data pack --from {}: no samples", options_.from));
+    write_shard_index(options_.out_dir, index_);
+    PackResult result;
+    result.samples = total_;
+    result.shards = static_cast<int64_t>(index_.size());
+    for (const auto& s : index_) result.bytes += s.bytes;
+    result.pattern = index_.size() == 1
+                         ? (fs::path(options_.out_dir) / index_[0].name).string()
+                         : (fs::path(options_.out_dir) / fmt::format("train-{{000000..{:06d}}}.tar", index_.size() - 1))
+                               .string();
+    return result;
+  }
+
+ private:
+  void close_shard() {
+    writer_->close();
+    index_.push_back({name_, count_, writer_->bytes()});
+    writer_.reset();
+    count_ = 0;
+  }
+
+  const PackOptions& options_;
+  std::unique_ptr<TarWriter> writer_;
+  std::string name_;
+  int64_t count_ = 0, total_ = 0;
+  std::vector<ShardIndexEntry> index_;
+};
+
+std::string read_file(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw DataError(fmt::format("{}: cannot read", path.string()));
+  std::ostringstream out;
+  out << in.rdbuf();
+  return out.str();
+}
+
+int64_t limited(int64_t n, int64_t limit) { return limit > 0 ? std::min(n, limit) : n; }
+
+void pack_fashion_mnist(const PackOptions& o, ShardSink& sink) {
+  if (o.split != "train" && o.split != "test")
+    throw DataError(fmt::format("data pack: --split must be train or test, got '{}'", o.split));
+  const ImageDataset set = load_fashion_mnist(o.path.empty() ? kFashionMnistDefaultDir : o.path, o.split);
+  const auto& names = fashion_mnist_class_names();
+  const int64_t n = limited(set.size(), o.limit);
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t label = set.labels[i].item<int64_t>();
+    sink.add(fmt::format("{}-{:07d}", o.split, i),
+             {{"png", encode_png(set.images[i][0])}, {"cls", std::to_string(label)}, {"txt", names[label]}});
+  }
+}
+
+void pack_folder(const PackOptions& o, const std::string& dir, ShardSink& sink) {
+  if (!fs::is_directory(dir)) throw DataError(fmt::format("data pack --from folder:{}: not a directory", dir));
+  std::vector<fs::path> images;
+  for (const auto& e : fs::recursive_directory_iterator(dir)) {
+    if (!e.is_regular_file()) continue;
+    std::string ext = e.path().extension().string();
+    std::transform(ext.begin(), ext.end(), ext.begin(), [](unsigned char c) { return std::tolower(c); });
+    if (ext == ".png" || ext == ".jpg" || ext == ".jpeg") images.push_back(e.path());
+  }
+  std::sort(images.begin(), images.end());
+  if (images.empty()) throw DataError(fmt::format("data pack --from folder:{}: no .png or .jpg files", dir));
+  const int64_t n = limited(static_cast<int64_t>(images.size()), o.limit);
+  for (int64_t i = 0; i < n; ++i) {
+    const fs::path& image = images[static_cast<size_t>(i)];
+    std::string ext = image.extension().string().substr(1);
+    std::transform(ext.begin(), ext.end(), ext.begin(), [](unsigned char c) { return std::tolower(c); });
+    // The key: the path below the folder without its extension, dots made safe (a dot in a base
+    // name would split it into a key and a different extension).
+    std::string key = fs::relative(image, dir).replace_extension().string();
+    std::replace(key.begin(), key.end(), '.', '_');
+    Members members{{ext == "jpeg" ? "jpg" : ext, read_file(image)}};
+    fs::path caption = image;
+    caption.replace_extension(".txt");
+    if (fs::exists(caption)) members.emplace_back("txt", read_file(caption));
+    sink.add(key, members);
+  }
+}
+
+void pack_compositions(const PackOptions& o, const std::string& dir, ShardSink& sink) {
+  const CompositionSet set = load_compositions(dir, "train");
+  const int64_t n = limited(set.images.size(0), o.limit);
+  for (int64_t i = 0; i < n; ++i) {
+    const auto& item = set.items[static_cast<size_t>(i)];
+    sink.add(fmt::format("train-{:07d}", i), {{"png", encode_png(set.images[i].permute({1, 2, 0}).contiguous())},
+                                             {"txt", item.caption},
+                                             {"json", composition_json(item)}});
+  }
+}
+
+}  // namespace
+
+PackResult pack_shards(const PackOptions& o) {
+  if (o.out_dir.empty()) throw DataError("data pack: --out is required");
+  if (o.max_count < 1 || o.max_size < 1024)
+    throw DataError("data pack: --max-count must be at least 1 and --max-size at least 1024 bytes");
+  if (fs::exists(fs::path(o.out_dir) / "index.json") || fs::exists(fs::path(o.out_dir) / "train-000000.tar"))
+    throw DataError(fmt::format("data pack: {} already holds shards (remove it or choose another --out)", o.out_dir));
+  fs::create_directories(o.out_dir);
+  ShardSink sink(o);
+  if (o.from == "fashion-mnist") pack_fashion_mnist(o, sink);
+  else if (o.from.rfind("folder:", 0) == 0) pack_folder(o, o.from.substr(7), sink);
+  else if (o.from.rfind("compositions:", 0) == 0) pack_compositions(o, o.from.substr(13), sink);
+  else
+    throw DataError(fmt::format("data pack: unknown --from '{}' (fashion-mnist, folder:PATH or compositions:PATH)",
+                                o.from));
+  return sink.finish();
+}
+
+}  // namespace flowtrain::data

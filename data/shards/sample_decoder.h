@@ -1,0 +1,44 @@
+// From a WebDataset sample's member bytes to training tensors. A run declares which members it
+// needs (SampleSpec); a sample that lacks one, or whose member does not decode, is damaged —
+// decode_sample throws DataError with the reason, and the loader skips and counts it.
+//
+// Members: `png` / `jpg` / `jpeg` (the image, uint8), `latent.safetensors` (tensor "latent",
+// float [C, h, w], in place of the image), `cls` (the class, decimal text), `txt` (the caption,
+// turned into fields by the run's text path), `txt_emb.safetensors` (tensors "txt" [L, D] and
+// optionally "txt_mask" [L]) with `vec.safetensors` ("vec" [D']) for precomputed text embeddings.
+// `json` and other members ride along unread.
+#pragma once
+
+#include "data/shards/webdataset.h"
+
+#include <ATen/ATen.h>
+
+#include <functional>
+#include <map>
+#include <string>
+
+namespace flowtrain::data {
+
+struct SampleSpec {
+  std::string image = "image";  // image (png or jpg) | latent | none
+  int64_t channels = 0;         // images: 1 or 3 (gray is replicated to 3; colour to 1 is damage)
+  int64_t max_side = 0;         // images larger than this are damage (0: any size)
+  bool label = false;           // `cls` required, in [0, num_classes)
+  int64_t num_classes = 0;
+  bool caption = false;         // `txt` required, turned into fields by caption_fields
+  std::function<std::map<std::string, at::Tensor>(const std::string& caption)> caption_fields;
+  bool text_embeddings = false; // `txt_emb.safetensors` and `vec.safetensors` required
+};
+
+struct DecodedSample {
+  at::Tensor image;  // uint8 [C, H, W] for images, float [C, h, w] for latents; undefined for none
+  int64_t label = 0;
+  std::map<std::string, at::Tensor> fields;
+};
+
+// The members a spec needs, for messages: e.g. "png|jpg, cls".
+std::string required_members(const SampleSpec& spec);
+
+DecodedSample decode_sample(const RawSample& sample, const SampleSpec& spec);
+
+}  // namespace flowtrain::data

@@ -1,0 +1,95 @@
+#include "data/shards/shard_index.h"
+
+#include "data/data_error.h"
+#include "data/shards/shard_list.h"
+#include "data/shards/webdataset.h"
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <atomic>
+#include <cstdio>
+#include <exception>
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+#include <thread>
+
+namespace flowtrain::data {
+
+using nlohmann::json;
+
+void write_shard_index(const std::string& dir, const std::vector<ShardIndexEntry>& shards) {
+  json j = {{"format", "flowtrain-shard-index-1"}, {"shards", json::array()}};
+  for (const auto& s : shards) j["shards"].push_back({{"name", s.name}, {"samples", s.samples}, {"bytes", s.bytes}});
+  const std::string path = dir + "/index.json", tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp);
+    out << j.dump(1) << "\n";
+    if (!out.flush()) throw DataError(fmt::format("{}: write failed", tmp));
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) throw DataError(fmt::format("{}: rename failed", path));
+}
+
+std::map<std::string, int64_t> read_shard_index(const std::string& entry, const FetchOptions& options) {
+  auto stream = open_shard(entry, options);
+  std::string text;
+  char buf[1 << 16];
+  for (size_t got; (got = stream->read(buf, sizeof buf)) > 0;) text.append(buf, got);
+  stream->finish();
+  std::map<std::string, int64_t> counts;
+  try {
+    const json j = json::parse(text);
+    if (j.value("format", std::string()) != "flowtrain-shard-index-1")
+      throw DataError(fmt::format("shard index {}: format is not flowtrain-shard-index-1", entry));
+    for (const auto& s : j.at("shards")) {
+      const auto samples = s.at("samples").get<int64_t>();
+      if (samples < 0) throw DataError(fmt::format("shard index {}: negative sample count", entry));
+      counts[s.at("name").get<std::string>()] = samples;
+    }
+  } catch (const json::exception& e) {
+    throw DataError(fmt::format("shard index {}: {}", entry, e.what()));
+  }
+  return counts;
+}
+
+std::vector<int64_t> shard_sample_counts(const std::vector<std::string>& shards, const std::string& index_entry,
+                                         int threads, const FetchOptions& options, int64_t* counted) {
+  std::map<std::string, int64_t> index;
+  if (!index_entry.empty()) {
+    index = read_shard_index(index_entry, options);
+  } else if (!shards.empty() && is_local_entry(shards[0])) {
+    const auto beside = std::filesystem::path(local_path_of(shards[0])).parent_path() / "index.json";
+    if (std::filesystem::exists(beside)) index = read_shard_index(beside.string(), options);
+  }
+  std::vector<int64_t> counts(shards.size(), -1);
+  std::vector<size_t> unindexed;
+  for (size_t i = 0; i < shards.size(); ++i) {
+    const auto it = index.find(shard_basename(shards[i]));
+    if (it != index.end()) counts[i] = it->second;
+    else unindexed.push_back(i);
+  }
+  if (counted) *counted = static_cast<int64_t>(unindexed.size());
+  std::atomic<size_t> next{0};
+  std::exception_ptr error;
+  std::mutex error_mutex;
+  auto work = [&] {
+    for (size_t k; (k = next++) < unindexed.size();) {
+      try {
+        std::string damage;  // a damaged shard still has its readable samples; the loader skips the rest
+        counts[unindexed[k]] = count_samples(shards[unindexed[k]], options, &damage);
+      } catch (...) {
+        std::lock_guard<std::mutex> lock(error_mutex);
+        if (!error) error = std::current_exception();
+      }
+    }
+  };
+  std::vector<std::thread> pool;
+  for (int t = 1; t < std::max(1, threads); ++t) pool.emplace_back(work);
+  work();
+  for (auto& t : pool) t.join();
+  if (error) std::rethrow_exception(error);
+  return counts;
+}
+
+}  // namespace flowtrain::data

@@ -1,0 +1,367 @@
+#include "data/shards/shard_loader.h"
+
+#include "data/data_error.h"
+#include "data/shards/stream_plan.h"
+#include "data/shards/stream_reader.h"
+
+#include <c10/util/ParallelGuard.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <iostream>
+
+namespace flowtrain::data {
+namespace {
+
+constexpr int64_t kLoggedSkips = 5;  // damaged samples named in the log; the rest only counted
+
+int64_t owned_streams(int64_t streams, int64_t rank, int64_t world) {
+  return streams / world + (rank < streams % world ? 1 : 0);
+}
+
+}  // namespace
+
+ShardLoader::ShardLoader(ShardLoaderOptions options, LoaderState start)
+    : options_(std::move(options)), start_(start) {
+  if (!options_.warn) options_.warn = [](const std::string& line) { std::cerr << line << "\n"; };
+  options_.workers = std::max<int64_t>(options_.workers, 1);
+  if (options_.shards.size() != options_.shard_samples.size())
+    throw DataError("ShardLoader: one sample count per shard is needed");
+  if (options_.global_batch % options_.world != 0)
+    throw DataError(fmt::format("data.batch_size {} is not divisible by the {} data-parallel ranks",
+                                options_.global_batch, options_.world));
+  if (options_.streams < options_.world * options_.workers)
+    throw DataError(fmt::format("data.streams {} is fewer than ranks × workers = {} × {}: every worker needs a "
+                                "stream (raise data.streams, up to the {} shards)",
+                                options_.streams, options_.world, options_.workers, options_.shards.size()));
+  if (static_cast<int64_t>(options_.shards.size()) < options_.streams)
+    throw DataError(fmt::format("{} shards are fewer than data.streams = {} (ranks × workers = {} × {} need at "
+                                "least that many streams)",
+                                options_.shards.size(), options_.streams, options_.world, options_.workers));
+  local_batch_ = options_.global_batch / options_.world;
+  queue_capacity_ = std::max<int64_t>(
+      2, (options_.prefetch * local_batch_ + owned_streams(options_.streams, options_.rank, options_.world) - 1) /
+             owned_streams(options_.streams, options_.rank, options_.world));
+
+  cursor_ = start;
+  if (cursor_.stream_counts.empty()) cursor_.stream_counts.assign(static_cast<size_t>(options_.streams), 0);
+  if (static_cast<int64_t>(cursor_.stream_counts.size()) != options_.streams)
+    throw DataError(fmt::format("loader state has {} streams; data.streams is {} (the stream count is fixed for the "
+                                "life of a run)",
+                                cursor_.stream_counts.size(), options_.streams));
+  const auto& lengths = stream_lengths(cursor_.epoch);
+  for (int64_t c = 0; c < options_.streams; ++c)
+    if (cursor_.stream_counts[c] < 0 || cursor_.stream_counts[c] > lengths[c])
+      throw DataError(fmt::format("loader state: stream {} handed out {} samples of epoch {}, which has {}", c,
+                                  cursor_.stream_counts[c], cursor_.epoch, lengths[c]));
+  if (start.stream_counts.empty() || cursor_.batches_left < 0)
+    cursor_.batches_left = batches_left_in_epoch(cursor_.stream_counts, lengths, options_.world, local_batch_);
+  if (cursor_.batches_left == 0 && start.stream_counts.empty())
+    throw DataError(fmt::format("an epoch of the {} shards gives rank {} fewer than one batch of {} samples",
+                                options_.shards.size(), options_.rank, local_batch_));
+  cursor_.position = 0;
+  for (int64_t c = options_.rank; c < options_.streams; c += options_.world) cursor_.position += cursor_.stream_counts[c];
+  start_ = cursor_;
+  consumed_ = cursor_;
+  assembling_epoch_ = cursor_.epoch;
+
+  for (int64_t w = 0; w < options_.workers; ++w) threads_.emplace_back([this, w] { worker_loop(w); });
+  threads_.emplace_back([this] { assembler_loop(); });
+}
+
+ShardLoader::~ShardLoader() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stopping_ = true;
+  }
+  item_cv_.notify_all();
+  space_cv_.notify_all();
+  ready_cv_.notify_all();
+  taken_cv_.notify_all();
+  for (auto& t : threads_) t.join();
+}
+
+const std::vector<int64_t>& ShardLoader::stream_lengths(int64_t epoch) {
+  auto it = lengths_.find(epoch);
+  if (it != lengths_.end()) return it->second;
+  EpochPlan plan = plan_epoch(options_.shard_samples, options_.streams, options_.seed, epoch);
+  plans_[epoch] = std::move(plan.stream_shards);
+  // Plans of epochs two behind are no longer read by anyone.
+  plans_.erase(plans_.begin(), plans_.lower_bound(epoch - 2));
+  lengths_.erase(lengths_.begin(), lengths_.lower_bound(epoch - 2));
+  return lengths_[epoch] = std::move(plan.stream_length);
+}
+
+void ShardLoader::fail(std::exception_ptr error) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!error_) error_ = error;
+  }
+  item_cv_.notify_all();
+  space_cv_.notify_all();
+  ready_cv_.notify_all();
+  taken_cv_.notify_all();
+}
+
+void ShardLoader::worker_loop(int64_t worker) {
+  // Decoding runs serially in this thread (see Loader::worker_loop: OpenMP teams of loader
+  // threads slow the training step's GEMMs on small hosts).
+  c10::ParallelGuard serial(true);
+  try {
+    for (int64_t epoch = start_.epoch;; ++epoch) {
+      struct Owned {
+        int64_t stream;
+        std::unique_ptr<StreamReader> reader;
+      };
+      std::vector<Owned> owned;
+      {
+        std::unique_lock<std::mutex> lock(mutex_);
+        // At most one epoch ahead of the assembler.
+        space_cv_.wait(lock, [&] { return stopping_ || error_ || assembling_epoch_ >= epoch - 1; });
+        if (stopping_ || error_) return;
+        stream_lengths(epoch);
+        const auto shards = plans_.at(epoch);
+        lock.unlock();
+        for (int64_t c = options_.rank; c < options_.streams; c += options_.world) {
+          if (worker_of_stream(c, options_.world, options_.workers) != worker) continue;
+          std::vector<std::string> entries;
+          std::vector<int64_t> counts;
+          for (int64_t s : shards[c]) {
+            entries.push_back(options_.shards[s]);
+            counts.push_back(options_.shard_samples[s]);
+          }
+          const int64_t start_count = epoch == start_.epoch ? start_.stream_counts[c] : 0;
+          owned.push_back({c, std::make_unique<StreamReader>(std::move(entries), std::move(counts),
+                                                             options_.shuffle_buffer,
+                                                             stream_seed(options_.seed, epoch, c), start_count,
+                                                             options_.fetch)});
+        }
+      }
+      for (;;) {
+        bool progressed = false, all_exhausted = true;
+        for (auto& [stream, reader] : owned) {
+          if (reader->exhausted()) continue;
+          all_exhausted = false;
+          {
+            std::lock_guard<std::mutex> lock(mutex_);
+            if (stopping_ || error_) return;
+            if (assembling_epoch_ > epoch) break;
+            if (static_cast<int64_t>(queues_[{epoch, stream}].size()) >= queue_capacity_) continue;
+          }
+          RawSample raw = reader->next();
+          for (const auto& w : reader->take_warnings()) options_.warn(w);
+          Item item{raw.key, raw.shard, "", {}};
+          try {
+            item.sample = decode_sample(raw, options_.spec);
+          } catch (const DataError& e) {
+            item.error = e.what();
+          }
+          {
+            std::lock_guard<std::mutex> lock(mutex_);
+            if (assembling_epoch_ > epoch) break;  // the epoch ended while this sample was decoded
+            queues_[{epoch, stream}].push_back(std::move(item));
+          }
+          item_cv_.notify_all();
+          progressed = true;
+        }
+        std::unique_lock<std::mutex> lock(mutex_);
+        if (stopping_ || error_) return;
+        if (all_exhausted || assembling_epoch_ > epoch) break;
+        if (!progressed)
+          space_cv_.wait(lock, [&] {
+            if (stopping_ || error_ || assembling_epoch_ > epoch) return true;
+            for (auto& o : owned)
+              if (!o.reader->exhausted() && static_cast<int64_t>(queues_[{epoch, o.stream}].size()) < queue_capacity_)
+                return true;
+            return false;
+          });
+      }
+    }
+  } catch (...) {
+    fail(std::current_exception());
+  }
+}
+
+ShardLoader::Item ShardLoader::take_item(int64_t epoch, int64_t stream) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  auto& queue = queues_[{epoch, stream}];
+  item_cv_.wait(lock, [&] { return stopping_ || error_ || !queue.empty(); });
+  if (stopping_ || error_) throw std::runtime_error("loader stopping");
+  Item item = std::move(queue.front());
+  queue.pop_front();
+  lock.unlock();
+  space_cv_.notify_all();
+  return item;
+}
+
+void ShardLoader::on_damaged(const Item& item) {
+  ++cursor_.skipped;
+  ++skipped_here_;
+  if (options_.fail_on_damage)
+    throw DataError(fmt::format("damaged sample {} in shard {} (data.on_error is fail): {}", item.key, item.shard,
+                                item.error));
+  if (skipped_here_ <= kLoggedSkips)
+    options_.warn(fmt::format("skipped damaged sample {} (shard {}): {}{}", item.key, item.shard, item.error,
+                              skipped_here_ == kLoggedSkips ? " — further skips are only counted (data_skipped)" : ""));
+  const double judged = std::max<double>(static_cast<double>(handed_out_here_),
+                                         std::ceil(1.0 / std::max(options_.max_skip_fraction, 1e-9)));
+  if (static_cast<double>(skipped_here_) > options_.max_skip_fraction * judged)
+    throw DataError(fmt::format("{} of {} samples were damaged, more than data.max_skip_fraction = {}; the last: "
+                                "{} in shard {}: {}",
+                                skipped_here_, handed_out_here_, options_.max_skip_fraction, item.key, item.shard,
+                                item.error));
+}
+
+Batch ShardLoader::make_batch(std::vector<const DecodedSample*>& samples) {
+  Batch batch;
+  const int64_t side = options_.image_size;
+  std::vector<at::Tensor> images;
+  images.reserve(samples.size());
+  for (const DecodedSample* s : samples) {
+    at::Tensor image = s->image;
+    if (!image.defined()) break;
+    if (image.scalar_type() == at::kByte) image = image.to(at::kFloat).div_(127.5).sub_(1.0);
+    if (side > 0 && (image.size(1) < side || image.size(2) < side)) {
+      const int64_t top = (side - image.size(1)) / 2, left = (side - image.size(2)) / 2;
+      image = at::constant_pad_nd(image, {left, side - image.size(2) - left, top, side - image.size(1) - top}, -1.0);
+    }
+    images.push_back(image);
+  }
+  if (!images.empty()) {
+    for (const auto& image : images)
+      if (image.sizes() != images[0].sizes())
+        throw DataError(fmt::format("samples of shapes {} and {} in one batch: set model.image_size (images are padded "
+                                    "to it)",
+                                    c10::str(images[0].sizes()), c10::str(image.sizes())));
+    batch.images = at::stack(images);
+  }
+  at::Tensor labels = at::empty({static_cast<int64_t>(samples.size())}, at::kLong);
+  for (size_t i = 0; i < samples.size(); ++i) labels[static_cast<int64_t>(i)] = samples[i]->label;
+  batch.labels = labels;
+  for (const auto& [name, first] : samples[0]->fields) {
+    std::vector<at::Tensor> rows;
+    for (const DecodedSample* s : samples) {
+      const auto it = s->fields.find(name);
+      if (it == s->fields.end()) throw DataError(fmt::format("a sample lacks the field '{}' its batch-mates have", name));
+      rows.push_back(it->second);
+    }
+    batch.fields[name] = at::stack(rows);
+  }
+  if (options_.pin_memory) {
+    if (batch.images.defined()) batch.images = batch.images.pin_memory();
+    batch.labels = batch.labels.pin_memory();
+    for (auto& [name, field] : batch.fields) field = field.pin_memory();
+  }
+  return batch;
+}
+
+void ShardLoader::assembler_loop() {
+  c10::ParallelGuard serial(true);
+  try {
+    for (;;) {
+      if (cursor_.batches_left == 0) {  // the epoch ends: what is left in the streams is not used
+        std::vector<int64_t> lengths;
+        {
+          std::lock_guard<std::mutex> lock(mutex_);
+          lengths = stream_lengths(cursor_.epoch + 1);
+          queues_.erase(queues_.begin(), queues_.lower_bound({cursor_.epoch + 1, 0}));
+          assembling_epoch_ = cursor_.epoch + 1;
+        }
+        space_cv_.notify_all();
+        cursor_.epoch += 1;
+        cursor_.position = 0;
+        cursor_.stream_counts.assign(static_cast<size_t>(options_.streams), 0);
+        cursor_.batches_left = batches_left_in_epoch(cursor_.stream_counts, lengths, options_.world, local_batch_);
+        if (cursor_.batches_left == 0)
+          throw DataError(fmt::format("epoch {} gives rank {} fewer than one batch of {} samples", cursor_.epoch,
+                                      options_.rank, local_batch_));
+      }
+      std::vector<int64_t> lengths;
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        lengths = stream_lengths(cursor_.epoch);
+      }
+      std::vector<Item> items;
+      std::vector<std::string> keys;
+      items.reserve(static_cast<size_t>(local_batch_));
+      int64_t repeated = 0;
+      while (static_cast<int64_t>(items.size()) + repeated < local_batch_) {
+        const int64_t c = pick_stream(cursor_.stream_counts, lengths, options_.rank, options_.world);
+        if (c < 0) {  // this rank's streams ran dry before the agreed end: only after skips
+          ++repeated;
+          continue;
+        }
+        Item item = take_item(cursor_.epoch, c);
+        ++cursor_.stream_counts[static_cast<size_t>(c)];
+        ++cursor_.position;
+        ++handed_out_here_;
+        if (!item.error.empty()) {
+          on_damaged(item);
+          continue;
+        }
+        items.push_back(std::move(item));
+      }
+      std::vector<const DecodedSample*> samples;
+      for (const auto& item : items) {
+        samples.push_back(&item.sample);
+        keys.push_back(item.key);
+      }
+      if (repeated > 0) {
+        if (items.empty() && !last_sample_.image.defined() && last_sample_.fields.empty())
+          throw DataError(fmt::format("rank {}: every sample left in its streams of epoch {} was damaged",
+                                      options_.rank, cursor_.epoch));
+        for (int64_t i = 0; i < repeated; ++i) {
+          const size_t from = items.empty() ? 0 : static_cast<size_t>(i) % items.size();
+          samples.push_back(items.empty() ? &last_sample_ : &items[from].sample);
+          keys.push_back(items.empty() ? std::string("(repeat of the previous batch)") : items[from].key);
+        }
+        cursor_.repeated += repeated;
+        options_.warn(fmt::format("rank {}: epoch {}: {} samples repeated to fill a batch after damaged samples were "
+                                  "skipped",
+                                  options_.rank, cursor_.epoch, repeated));
+      }
+      Batch batch = make_batch(samples);
+      if (!items.empty()) last_sample_ = items.back().sample;
+      batch.keys = std::move(keys);
+      --cursor_.batches_left;
+      cursor_.keys_written += local_batch_;
+      batch.state_after = cursor_;
+      {
+        std::unique_lock<std::mutex> lock(mutex_);
+        taken_cv_.wait(lock, [&] { return stopping_ || error_ || static_cast<int64_t>(ready_.size()) < options_.prefetch; });
+        if (stopping_ || error_) return;
+        ready_.push_back(std::move(batch));
+      }
+      ready_cv_.notify_all();
+    }
+  } catch (...) {
+    bool quiet;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      quiet = stopping_;
+    }
+    if (!quiet) fail(std::current_exception());
+  }
+}
+
+Batch ShardLoader::next() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  ready_cv_.wait(lock, [&] { return error_ || !ready_.empty(); });
+  if (!ready_.empty()) {  // batches made before an error are still good
+    Batch batch = std::move(ready_.front());
+    ready_.pop_front();
+    consumed_ = batch.state_after;
+    lock.unlock();
+    taken_cv_.notify_all();
+    return batch;
+  }
+  std::rethrow_exception(error_);
+}
+
+LoaderState ShardLoader::state() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return consumed_;
+}
+
+}  // namespace flowtrain::data

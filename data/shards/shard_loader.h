@@ -1,0 +1,105 @@
+// The loader over WebDataset shards. Worker threads each read some of this rank's canonical
+// streams (stream_plan.h) through StreamReaders and decode samples (sample_decoder.h) into
+// per-stream queues; an assembler thread takes samples in the rank's deterministic order
+// (pick_stream) into batches, a bounded number ahead of the trainer. The batches, their order and
+// the state after each do not depend on the number of workers.
+//
+// Damaged samples (a corrupt image, a missing declared member, a truncated or unreachable shard)
+// are skipped and counted; the first few are logged with their key and reason. data.on_error
+// fail stops at the first; with skip, the loader stops once more than max_skip_fraction of the
+// samples it handed out were damaged (judged over at least 1 / max_skip_fraction samples, so one
+// bad sample early does not stop a run), naming the last shard. A rank whose streams run dry
+// before the epoch's agreed end (only after skips) repeats samples of the batch to fill it and
+// counts them (`repeated`).
+#pragma once
+
+#include "data/batch_source.h"
+#include "data/shards/byte_stream.h"
+#include "data/shards/sample_decoder.h"
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <exception>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace flowtrain::data {
+
+struct ShardLoaderOptions {
+  std::vector<std::string> shards;     // entries (shard_list.h)
+  std::vector<int64_t> shard_samples;  // their sample counts (shard_index.h)
+  int64_t streams = 1;                 // data.streams: the canonical partition, fixed for a run
+  int64_t shuffle_buffer = 256;        // per stream
+  int64_t global_batch = 64;
+  int64_t workers = 2;                 // at least 1
+  int64_t prefetch = 4;                // batches
+  uint64_t seed = 0;
+  int64_t rank = 0, world = 1;
+  int64_t image_size = 0;              // images are padded (black, centred) to this side; 0: as decoded
+  bool pin_memory = false;
+  FetchOptions fetch;
+  SampleSpec spec;
+  bool fail_on_damage = false;         // data.on_error: fail
+  double max_skip_fraction = 0.01;
+  std::function<void(const std::string&)> warn;  // one line each; default: stderr
+};
+
+class ShardLoader final : public BatchSource {
+ public:
+  // `start`: a default state starts epoch 0. A resumed one carries every stream's count (merged
+  // from all ranks' checkpointed states); batches_left < 0 recomputes the epoch's end for this
+  // world size. Throws DataError for a state that does not fit the streams, or an epoch that
+  // gives a rank less than one batch.
+  ShardLoader(ShardLoaderOptions options, LoaderState start = {});
+  ~ShardLoader() override;
+  ShardLoader(const ShardLoader&) = delete;
+  ShardLoader& operator=(const ShardLoader&) = delete;
+
+  Batch next() override;
+  LoaderState state() const override;
+
+ private:
+  struct Item {
+    std::string key, shard, error;
+    DecodedSample sample;
+  };
+  using QueueKey = std::pair<int64_t, int64_t>;  // (epoch, stream)
+
+  const std::vector<int64_t>& stream_lengths(int64_t epoch);  // under mutex_
+  void worker_loop(int64_t worker);
+  void assembler_loop();
+  Item take_item(int64_t epoch, int64_t stream);
+  void on_damaged(const Item& item);
+  Batch make_batch(std::vector<const DecodedSample*>& samples);
+  void fail(std::exception_ptr error);
+
+  ShardLoaderOptions options_;
+  int64_t local_batch_ = 0;
+  int64_t queue_capacity_ = 0;
+
+  mutable std::mutex mutex_;
+  std::condition_variable item_cv_, space_cv_, ready_cv_, taken_cv_;
+  std::map<QueueKey, std::deque<Item>> queues_;
+  std::map<int64_t, std::vector<std::vector<int64_t>>> plans_;  // epoch -> stream shards
+  std::map<int64_t, std::vector<int64_t>> lengths_;             // epoch -> stream lengths
+  LoaderState start_;
+  int64_t assembling_epoch_ = 0;  // the epoch the assembler is in (workers stay within one ahead)
+  std::deque<Batch> ready_;
+  LoaderState consumed_;
+  std::exception_ptr error_;
+  bool stopping_ = false;
+
+  // The assembler's running state (its thread only).
+  LoaderState cursor_;
+  int64_t handed_out_here_ = 0, skipped_here_ = 0;
+  DecodedSample last_sample_;
+  std::vector<std::thread> threads_;
+};
+
+}  // namespace flowtrain::data

@@ -1,0 +1,100 @@
+#include "trainer/data_source.h"
+
+#include "data/loader.h"
+#include "data/shards/shard_index.h"
+#include "data/shards/shard_list.h"
+#include "trainer/builders.h"
+#include "trainer/model_registry.h"
+#include "trainer/run_conditioning.h"
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <chrono>
+#include <thread>
+
+namespace flowtrain::trainer {
+
+int64_t resolve_streams(const DataConfig& data, int64_t shards, int64_t dp_size, int64_t resumed_streams) {
+  if (resumed_streams > 0) {
+    if (data.streams > 0 && data.streams != resumed_streams)
+      throw ConfigError(fmt::format("'data.streams' is {} but the checkpoint being resumed was written with {} streams "
+                                    "(the stream count is fixed for the life of a run; set data.streams: {} or 0)",
+                                    data.streams, resumed_streams, resumed_streams));
+    return resumed_streams;
+  }
+  if (data.streams > 0) return data.streams;
+  const int64_t workers = std::max<int64_t>(1, data.workers);
+  return std::max<int64_t>(1, std::min<int64_t>(shards, 4 * dp_size * workers));
+}
+
+data::ShardLoaderOptions shard_loader_options(const Config& c, int64_t dp_rank, int64_t dp_size,
+                                              const c10::Device& device, int64_t resumed_streams) {
+  data::ShardLoaderOptions o;
+  o.fetch.retries = static_cast<int>(c.data.fetch_retries);
+  o.fetch.connect_timeout_s = c.data.fetch_timeout_s;
+  o.fetch.stall_timeout_s = c.data.fetch_timeout_s;
+  o.shards = data::resolve_shard_list(c.data.shards, c.data.shard_list);
+  const auto t0 = std::chrono::steady_clock::now();
+  int64_t counted = 0;
+  const int threads = static_cast<int>(std::clamp<unsigned>(std::thread::hardware_concurrency(), 1, 16));
+  o.shard_samples = data::shard_sample_counts(o.shards, c.data.shard_index, threads, o.fetch, &counted);
+  if (counted > 0)
+    spdlog::warn("{} of {} shards have no index entry and were counted by reading them ({:.1f} s); `flowtrain data "
+                 "pack` writes index.json, or point data.shard_index at one",
+                 counted, o.shards.size(),
+                 std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  o.streams = resolve_streams(c.data, static_cast<int64_t>(o.shards.size()), dp_size, resumed_streams);
+  o.shuffle_buffer = c.data.shuffle_buffer;
+  o.global_batch = c.data.batch_size;
+  o.workers = std::max<int64_t>(1, c.data.workers);
+  o.prefetch = c.data.prefetch;
+  o.seed = static_cast<uint64_t>(c.run.seed);
+  o.rank = dp_rank;
+  o.world = dp_size;
+  o.image_size = c.model.image_size;
+  o.pin_memory = device.is_cuda();
+  o.fail_on_damage = c.data.on_error == "fail";
+  o.max_skip_fraction = c.data.max_skip_fraction;
+  o.warn = [](const std::string& line) { spdlog::warn("data: {}", line); };
+
+  // What every sample must hold, from the model.
+  const ModelFamily& family = model_family(c.model.arch);
+  o.spec.image = c.data.image_member == "latent" ? "latent" : "image";
+  o.spec.channels = c.model.in_channels;
+  o.spec.max_side = c.model.image_size;
+  if (family.class_conditioning) {
+    o.spec.label = true;
+    o.spec.num_classes = c.model.num_classes;
+  } else if (has_builtin_text_encoder(c.model)) {
+    o.spec.caption = true;
+    auto tokenizer = data_tokenizer(c);
+    const int64_t text_len = c.model.text_len;
+    o.spec.caption_fields = [tokenizer, text_len](const std::string& caption) {
+      const auto encoded = tokenizer->encode_batch({caption}, text_len);
+      return std::map<std::string, at::Tensor>{{"tokens", encoded.tokens[0]}, {"txt_mask", encoded.mask[0]}};
+    };
+  } else {
+    o.spec.text_embeddings = true;
+  }
+  spdlog::info("data: {} shards, {} samples, {} streams (data.streams), members {} per sample", o.shards.size(),
+               [&] {
+                 int64_t n = 0;
+                 for (int64_t s : o.shard_samples) n += s;
+                 return n;
+               }(),
+               o.streams, data::required_members(o.spec));
+  return o;
+}
+
+std::unique_ptr<data::BatchSource> make_batch_source(const Config& c, std::shared_ptr<const data::ImageDataset> dataset,
+                                                     int64_t dp_rank, int64_t dp_size, const c10::Device& device,
+                                                     const data::LoaderState& start) {
+  if (c.data.source != "shards")
+    return std::make_unique<data::Loader>(std::move(dataset), loader_options(c, dp_rank, dp_size, device), start);
+  const auto resumed_streams = static_cast<int64_t>(start.stream_counts.size());
+  return std::make_unique<data::ShardLoader>(shard_loader_options(c, dp_rank, dp_size, device, resumed_streams), start);
+}
+
+}  // namespace flowtrain::trainer
