@@ -2,13 +2,16 @@
 
 #include "data/data_error.h"
 
+#ifdef FLOWTRAIN_HAVE_JPEG
 #include <csetjmp>
 #include <cstdio>
 #include <cstdlib>
 // jpeglib.h needs FILE and size_t declared first.
 #include <jpeglib.h>
+#endif
 
 namespace flowtrain::data {
+#ifdef FLOWTRAIN_HAVE_JPEG
 namespace {
 
 // libjpeg reports errors through error_exit, which must not return: it longjmps back to the
@@ -100,4 +103,13 @@ std::string encode_jpeg(const at::Tensor& image, int quality) {
   return out;
 }
 
+#else
+at::Tensor decode_jpeg(const std::string&, const std::string& what) {
+  throw DataError("cannot decode JPEG " + what + ": this flowtrain was built without libjpeg (install "
+                  "libjpeg62-turbo-dev and rebuild)");
+}
+std::string encode_jpeg(const at::Tensor&, int) {
+  throw DataError("encode_jpeg: this flowtrain was built without libjpeg");
+}
+#endif
 }  // namespace flowtrain::data

@@ -2,15 +2,20 @@
 
 #include "data/data_error.h"
 
-#include <curl/curl.h>
 #include <fmt/format.h>
+
+#ifdef FLOWTRAIN_HAVE_CURL
+#include <curl/curl.h>
 
 #include <chrono>
 #include <cstring>
 #include <mutex>
 #include <thread>
 
+#endif
+
 namespace flowtrain::data {
+#ifdef FLOWTRAIN_HAVE_CURL
 namespace {
 
 constexpr size_t kMaxBuffered = 8u << 20;
@@ -176,5 +181,12 @@ class HttpStream final : public ByteStream {
 std::unique_ptr<ByteStream> open_http_stream(const std::string& url, const FetchOptions& options) {
   return std::make_unique<HttpStream>(url, options);
 }
+#else
+std::unique_ptr<ByteStream> open_http_stream(const std::string& url, const FetchOptions&) {
+  throw DataError(fmt::format("shard {}: this flowtrain was built without libcurl (install libcurl4-openssl-dev and "
+                              "rebuild), so http(s) shards cannot be read; pipe:curl -s URL works meanwhile",
+                              url));
+}
+#endif
 
 }  // namespace flowtrain::data

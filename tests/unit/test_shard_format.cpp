@@ -1,6 +1,7 @@
 // The shard formats: brace patterns, tar reading and writing (ustar, GNU long names, pax, as GNU
 // tar writes them), WebDataset grouping, damage detection, the index, the stream arithmetic.
 #include "data/data_error.h"
+#include "data/jpeg.h"
 #include "data/png.h"
 #include "data/shards/brace_expand.h"
 #include "data/shards/byte_stream.h"
@@ -276,4 +277,26 @@ TEST(StreamPlan, PickAndEpochEndArithmetic) {
   EXPECT_EQ(batches_left_in_epoch(counts, lengths, 1, 4), 4);  // 18 samples
   counts = {3, 0, 0, 0};
   EXPECT_EQ(batches_left_in_epoch(counts, lengths, 2, 3), 2);
+}
+
+TEST(Jpeg, DecodesWhatLibjpegEncodesAndRejectsACutStream) {
+#ifndef FLOWTRAIN_HAVE_JPEG
+  if (flowtrain::test::in_ci()) FAIL() << "CI builds with libjpeg (scripts/setup.sh)";
+  GTEST_SKIP() << "built without libjpeg";
+#endif
+  // A smooth RGB gradient: JPEG at quality 95 keeps every pixel within a few levels of it.
+  const at::Tensor x = at::arange(32, at::kFloat).view({1, 32, 1}).expand({32, 32, 3}) * 6 +
+                       at::arange(32, at::kFloat).view({32, 1, 1}).expand({32, 32, 3}) * 2;
+  const at::Tensor image = x.clamp(0, 255).to(at::kByte).contiguous();
+  const std::string bytes = encode_jpeg(image, 95);
+  const at::Tensor back = decode_jpeg(bytes, "test");
+  ASSERT_EQ(back.sizes(), image.sizes());
+  // Tolerance: quality-95 quantisation of a smooth ramp; 8 levels is well above what it does
+  // (measured max 3-4) and far below a wrong channel order or a shifted row (tens of levels).
+  EXPECT_LE((back.to(at::kInt) - image.to(at::kInt)).abs().max().item<int>(), 8);
+  const at::Tensor gray = decode_jpeg(encode_jpeg(image.select(2, 0).contiguous(), 95), "gray");
+  EXPECT_EQ(gray.dim(), 2);
+  EXPECT_NE(data_error_message([&] { decode_jpeg(bytes.substr(0, bytes.size() / 2), "cut.jpg"); }).find("cut.jpg"),
+            std::string::npos);
+  EXPECT_NE(data_error_message([&] { decode_jpeg("not a jpeg", "junk.jpg"); }).find("junk.jpg"), std::string::npos);
 }
