@@ -150,6 +150,7 @@ void ShardLoader::worker_loop(int64_t worker) {
             if (static_cast<int64_t>(queues_[{epoch, stream}].size()) >= queue_capacity_) continue;
           }
           RawSample raw = reader->next();
+          for (const auto& [ext, bytes] : raw.members) member_bytes_read_ += static_cast<int64_t>(bytes.size());
           for (const auto& w : reader->take_warnings()) options_.warn(w);
           Item item{raw.key, raw.shard, "", {}};
           try {
@@ -221,20 +222,20 @@ Batch ShardLoader::make_batch(std::vector<const DecodedSample*>& samples) {
   for (const DecodedSample* s : samples) {
     at::Tensor image = s->image;
     if (!image.defined()) break;
-    if (image.scalar_type() == at::kByte) image = image.to(at::kFloat).div_(127.5).sub_(1.0);
-    if (side > 0 && (image.size(1) < side || image.size(2) < side)) {
+    if (side > 0 && (image.size(1) < side || image.size(2) < side)) {  // black (−1 after scaling), centred
       const int64_t top = (side - image.size(1)) / 2, left = (side - image.size(2)) / 2;
-      image = at::constant_pad_nd(image, {left, side - image.size(2) - left, top, side - image.size(1) - top}, -1.0);
+      image = at::constant_pad_nd(image, {left, side - image.size(2) - left, top, side - image.size(1) - top}, 0);
     }
     images.push_back(image);
   }
   if (!images.empty()) {
     for (const auto& image : images)
-      if (image.sizes() != images[0].sizes())
+      if (image.sizes() != images[0].sizes() || image.scalar_type() != images[0].scalar_type())
         throw DataError(fmt::format("samples of shapes {} and {} in one batch: set model.image_size (images are padded "
                                     "to it)",
                                     c10::str(images[0].sizes()), c10::str(image.sizes())));
-    batch.images = at::stack(images);
+    batch.images = at::stack(images);  // uint8 images: scaled once per batch, not per sample
+    if (batch.images.scalar_type() == at::kByte) batch.images = batch.images.to(at::kFloat).div_(127.5).sub_(1.0);
   }
   at::Tensor labels = at::empty({static_cast<int64_t>(samples.size())}, at::kLong);
   for (size_t i = 0; i < samples.size(); ++i) labels[static_cast<int64_t>(i)] = samples[i]->label;

@@ -17,6 +17,7 @@
 #include "data/shards/byte_stream.h"
 #include "data/shards/sample_decoder.h"
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -63,6 +64,8 @@ class ShardLoader final : public BatchSource {
 
   Batch next() override;
   LoaderState state() const override;
+  // Bytes of sample members the workers have read so far (encoded, as stored in the shards).
+  int64_t member_bytes_read() const { return member_bytes_read_.load(); }
 
  private:
   struct Item {
@@ -99,6 +102,7 @@ class ShardLoader final : public BatchSource {
   LoaderState cursor_;
   int64_t handed_out_here_ = 0, skipped_here_ = 0;
   DecodedSample last_sample_;
+  std::atomic<int64_t> member_bytes_read_{0};
   std::vector<std::thread> threads_;
 };
 

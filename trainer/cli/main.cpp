@@ -14,6 +14,7 @@
 #include "trainer/run_conditioning.h"
 #include "trainer/telemetry/memory_stats.h"
 #include "trainer/telemetry/bench.h"
+#include "trainer/telemetry/data_bench.h"
 #include "models/autocast_region.h"
 #include "models/model.h"
 #include "parallel/env.h"
@@ -416,6 +417,9 @@ int main(int argc, char** argv) {
   bench->add_flag("--synthetic", bench_options.synthetic, "synthetic data (data.source=synthetic)");
   bench->add_option("--peak-tflops", bench_options.peak_tflops, "MFU denominator per rank, e.g. a GPU's dense peak (default: measured matmul rate)");
   bench->add_option("--json", bench_json, "also write the report as JSON to this file");
+  bool bench_data_only = false;
+  bench->add_flag("--data-only", bench_data_only,
+                  "time only the data loader (data.workers threads, --steps batches after --warmup): samples/s, MB/s");
   bench->add_flag("--checkpoint", bench_options.checkpoint,
                   "also measure a save's cost: the run twice, saving synchronously then asynchronously "
                   "(checkpoint_sync_s, checkpoint_blocked_s, checkpoint_persist_s, step times overlapping a persist)");
@@ -481,6 +485,14 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (*verify) return cmd_verify_checkpoint(checkpoint_dir);
+    if (*bench && bench_data_only) {
+      trainer::Config c = bench_args.load();
+      trainer::setup_logging("");
+      const auto report = trainer::run_data_bench(c, bench_options.steps, bench_options.warmup);
+      std::printf("%s\n", report.to_table().c_str());
+      if (!bench_json.empty()) trainer::write_file_atomic(bench_json, report.to_json() + "\n");
+      return 0;
+    }
     if (*bench) return cmd_bench(bench_args, bench_options, bench_json);
     if (*eval) {
       trainer::Config c = eval_args.load();
