@@ -2,6 +2,7 @@
 // across a world-size change, and every kind of damage skipped, counted and bounded by policy.
 #include "data/data_error.h"
 #include "data/png.h"
+#include "data/safetensors.h"
 #include "data/shards/shard_index.h"
 #include "data/shards/shard_list.h"
 #include "data/shards/shard_loader.h"
@@ -274,4 +275,48 @@ TEST(ShardLoader, ReadsShardsThroughPipeCommands) {
   o.shard_samples = shard_sample_counts(piped, dir + "/index.json", 1);
   ShardLoader from_pipes(o);
   EXPECT_EQ(take_keys(from_files, 3), take_keys(from_pipes, 3));
+}
+
+TEST(ShardLoader, LatentMembersTrainAsInputsAndABadOneIsDamage) {
+  const std::string dir = scratch_dir("shard_loader_latent");
+  // 13 samples of 4×4×4 latents (value = id) with a class; sample 5's latent is cut in half. A
+  // batch of 12 good samples then has to pass it, wherever the shuffle puts it.
+  {
+    TarWriter w(dir + "/train-0.tar");
+    for (int i = 0; i < 13; ++i) {
+      const std::string file = dir + "/tmp.safetensors";
+      write_safetensors(file, {{"latent", at::full({4, 4, 4}, static_cast<float>(i))}});
+      std::string bytes = read_file(file);
+      if (i == 5) bytes.resize(bytes.size() / 2);
+      w.add("k" + std::to_string(i) + ".latent.safetensors", bytes);
+      w.add("k" + std::to_string(i) + ".cls", std::to_string(i % 10));
+    }
+    w.close();
+  }
+  ShardLoaderOptions o;
+  o.shards = {dir + "/train-0.tar"};
+  o.shard_samples = shard_sample_counts(o.shards, "", 1);
+  o.streams = 1;
+  o.global_batch = 12;
+  o.workers = 1;
+  o.spec.image = "latent";
+  o.spec.label = true;
+  o.spec.num_classes = 10;
+  o.max_skip_fraction = 0.5;
+  std::vector<std::string> warnings;
+  o.warn = [&](const std::string& line) { warnings.push_back(line); };
+  ShardLoader loader(o);
+  const Batch b = loader.next();
+  ASSERT_EQ(b.images.sizes(), (std::vector<int64_t>{12, 4, 4, 4}));
+  // Latents are taken as stored (no [0, 255] scaling): row i holds its sample's id.
+  for (int64_t i = 0; i < 12; ++i) {
+    const int id = std::stoi(b.keys[static_cast<size_t>(i)].substr(1));
+    EXPECT_NE(id, 5);
+    EXPECT_EQ(b.images[i].max().item<float>(), static_cast<float>(id));
+    EXPECT_EQ(b.labels[i].item<int64_t>(), id % 10);
+  }
+  EXPECT_EQ(b.state_after.skipped, 1);
+  ASSERT_FALSE(warnings.empty());
+  EXPECT_NE(warnings[0].find("k5"), std::string::npos) << warnings[0];
+  EXPECT_NE(warnings[0].find("truncated"), std::string::npos) << warnings[0];
 }
