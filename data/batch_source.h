@@ -28,10 +28,13 @@ struct LoaderState {
   int64_t skipped = 0;       // damaged samples skipped by this rank, over the whole run
   int64_t repeated = 0;      // samples repeated to fill a batch after skips emptied this rank's streams
   int64_t keys_written = 0;  // lines this rank wrote to its data.record_keys file
+  // With aspect-ratio buckets: the samples handed out but waiting for their bucket to fill, as
+  // (stream, draw index) pairs flattened, in the order they arrived.
+  std::vector<int64_t> pending;
   bool operator==(const LoaderState& o) const {
     return epoch == o.epoch && position == o.position && stream_counts == o.stream_counts &&
            batches_left == o.batches_left && skipped == o.skipped && repeated == o.repeated &&
-           keys_written == o.keys_written;
+           keys_written == o.keys_written && pending == o.pending;
   }
 };
 

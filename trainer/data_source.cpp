@@ -1,6 +1,8 @@
 #include "trainer/data_source.h"
 
+#include "data/data_error.h"
 #include "data/loader.h"
+#include "data/shards/buckets.h"
 #include "data/shards/shard_index.h"
 #include "data/shards/shard_list.h"
 #include "trainer/builders.h"
@@ -64,6 +66,26 @@ data::ShardLoaderOptions shard_loader_options(const Config& c, int64_t dp_rank, 
   o.spec.image = c.data.image_member == "latent" ? "latent" : "image";
   o.spec.channels = c.model.in_channels;
   o.spec.max_side = c.model.image_size;
+  try {
+    o.spec.buckets = data::parse_buckets(c.data.buckets);
+  } catch (const data::DataError& e) {
+    throw ConfigError(e.what());
+  }
+  if (!o.spec.buckets.empty()) {
+    if (c.model.arch != "flux")
+      throw ConfigError(fmt::format("'data.buckets' needs a model whose position ids follow the image shape (model.arch "
+                                    "flux); {}'s positional embedding is fixed at model.image_size",
+                                    c.model.arch));
+    for (const auto& b : o.spec.buckets)
+      if (b.height % c.model.patch != 0 || b.width % c.model.patch != 0)
+        throw ConfigError(fmt::format("'data.buckets' shape {}x{} is not divisible by model.patch {}", b.height,
+                                      b.width, c.model.patch));
+    if (c.parallel.cp > 1)
+      for (const auto& b : o.spec.buckets)
+        if ((b.height / c.model.patch) * (b.width / c.model.patch) % c.parallel.cp != 0)
+          throw ConfigError(fmt::format("'data.buckets' shape {}x{} has image tokens not divisible by parallel.cp {}",
+                                        b.height, b.width, c.parallel.cp));
+  }
   if (family.class_conditioning) {
     o.spec.label = true;
     o.spec.num_classes = c.model.num_classes;

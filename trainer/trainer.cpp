@@ -332,6 +332,7 @@ data::LoaderState Trainer::shard_start_state(const ShardsDataState& saved) {
   s.skipped = dp_rank_ == 0 ? saved.skipped : 0;
   s.repeated = dp_rank_ == 0 ? saved.repeated : 0;
   s.keys_written = dp_rank_ < static_cast<int64_t>(saved.keys_written.size()) ? saved.keys_written[dp_rank_] : 0;
+  s.pending = saved.pending;  // all ranks'; the loader keeps those of the streams it owns now
   keys_written_carried_ = saved.keys_written;
   if (saved.world != dp_size_)
     spdlog::info("data: resuming epoch {} at {} data-parallel ranks (saved at {}): every stream continues at its "
@@ -344,8 +345,15 @@ ShardsDataState Trainer::merged_shard_state() {
   const data::LoaderState& mine = progress_.loader;
   const auto streams = static_cast<int64_t>(mine.stream_counts.size());
   const int64_t ranks = std::max<int64_t>(dp_size_, static_cast<int64_t>(keys_written_carried_.size()));
-  // [stream counts (from each stream's owner) | skipped | repeated | key lines per rank]
-  std::vector<int64_t> v(static_cast<size_t>(streams + 2 + ranks), 0);
+  // [stream counts (from each stream's owner) | skipped | repeated | key lines per rank |
+  //  each rank's samples waiting in buckets: `slot` values per rank, stored +1 (0 = empty)]
+  const int64_t slot = static_cast<int64_t>(config_.data.buckets.size()) * (config_.data.batch_size / dp_size_) * 2;
+  const int64_t pending_at = streams + 2 + ranks;
+  if (static_cast<int64_t>(mine.pending.size()) > slot)
+    throw TrainingError(fmt::format("{} samples wait in buckets, more than the {} a rank can hold",
+                                    mine.pending.size() / 2, slot / 2));
+  std::vector<int64_t> v(static_cast<size_t>(pending_at + dp_size_ * slot), 0);
+  for (size_t i = 0; i < mine.pending.size(); ++i) v[static_cast<size_t>(pending_at + dp_rank_ * slot) + i] = mine.pending[i] + 1;
   for (int64_t c = dp_rank_; c < streams; c += dp_size_) v[static_cast<size_t>(c)] = mine.stream_counts[c];
   v[static_cast<size_t>(streams)] = mine.skipped;
   v[static_cast<size_t>(streams + 1)] = mine.repeated;
@@ -360,7 +368,9 @@ ShardsDataState Trainer::merged_shard_state() {
   s.stream_counts.assign(v.begin(), v.begin() + streams);
   s.skipped = v[static_cast<size_t>(streams)];
   s.repeated = v[static_cast<size_t>(streams + 1)];
-  s.keys_written.assign(v.begin() + streams + 2, v.end());
+  s.keys_written.assign(v.begin() + streams + 2, v.begin() + pending_at);
+  for (auto it = v.begin() + pending_at; it != v.end(); ++it)
+    if (*it > 0) s.pending.push_back(*it - 1);
   return s;
 }
 

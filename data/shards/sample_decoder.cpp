@@ -29,7 +29,7 @@ at::Tensor decode_image(const RawSample& s, const SampleSpec& spec) {
   if (spec.channels == 3 && chw.size(0) == 1) chw = chw.expand({3, chw.size(1), chw.size(2)});
   if (spec.channels != 0 && chw.size(0) != spec.channels)
     throw DataError(fmt::format("a {}-channel image; the model takes {} channels", chw.size(0), spec.channels));
-  if (spec.max_side > 0 && (chw.size(1) > spec.max_side || chw.size(2) > spec.max_side))
+  if (spec.buckets.empty() && spec.max_side > 0 && (chw.size(1) > spec.max_side || chw.size(2) > spec.max_side))
     throw DataError(fmt::format("a {}×{} image; the model takes at most {}×{}", chw.size(1), chw.size(2),
                                 spec.max_side, spec.max_side));
   return chw.contiguous();
@@ -78,6 +78,17 @@ DecodedSample decode_sample(const RawSample& s, const SampleSpec& spec) {
   else if (spec.image == "latent") out.image = tensor_member(s, "latent.safetensors", "latent").to(at::kFloat);
   if (spec.image == "latent" && out.image.dim() != 3)
     throw DataError(fmt::format("latent of shape {}, expected [C, h, w]", c10::str(out.image.sizes())));
+  if (!spec.buckets.empty() && out.image.defined()) {
+    const int64_t h = out.image.size(1), w = out.image.size(2);
+    if (spec.image == "latent") {  // latents are not resampled: the shape must be a bucket's
+      for (size_t b = 0; b < spec.buckets.size(); ++b)
+        if (spec.buckets[b] == Bucket{h, w}) out.bucket = static_cast<int64_t>(b);
+      if (out.bucket < 0) throw DataError(fmt::format("a {}×{} latent matches no shape of data.buckets", h, w));
+    } else {
+      out.bucket = nearest_bucket(spec.buckets, h, w);
+      out.image = fit_to_bucket(out.image, spec.buckets[static_cast<size_t>(out.bucket)]);
+    }
+  }
   if (spec.label) out.label = parse_label(s, spec.num_classes);
   if (spec.caption) {
     out.fields = spec.caption_fields(member(s, "txt"));

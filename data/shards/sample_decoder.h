@@ -9,6 +9,7 @@
 // `json` and other members ride along unread.
 #pragma once
 
+#include "data/shards/buckets.h"
 #include "data/shards/webdataset.h"
 
 #include <ATen/ATen.h>
@@ -28,12 +29,14 @@ struct SampleSpec {
   bool caption = false;         // `txt` required, turned into fields by caption_fields
   std::function<std::map<std::string, at::Tensor>(const std::string& caption)> caption_fields;
   bool text_embeddings = false; // `txt_emb.safetensors` and `vec.safetensors` required
+  std::vector<Bucket> buckets;  // aspect-ratio buckets (buckets.h); empty: one shape, padded
 };
 
 struct DecodedSample {
   at::Tensor image;  // uint8 [C, H, W] for images, float [C, h, w] for latents; undefined for none
   int64_t label = 0;
   std::map<std::string, at::Tensor> fields;
+  int64_t bucket = -1;  // with buckets: the index of its shape
 };
 
 // The members a spec needs, for messages: e.g. "png|jpg, cls".

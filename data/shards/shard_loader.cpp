@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <map>
 #include <cmath>
 #include <iostream>
 
@@ -62,10 +63,21 @@ ShardLoader::ShardLoader(ShardLoaderOptions options, LoaderState start)
                                 options_.shards.size(), options_.rank, local_batch_));
   cursor_.position = 0;
   for (int64_t c = options_.rank; c < options_.streams; c += options_.world) cursor_.position += cursor_.stream_counts[c];
-  start_ = cursor_;
-  consumed_ = cursor_;
   assembling_epoch_ = cursor_.epoch;
 
+  pending_.resize(options_.spec.buckets.size());
+  if (!start.pending.empty()) {
+    if (pending_.empty()) throw DataError("loader state has samples waiting in buckets, but data.buckets is empty");
+    restore_pending(start.pending);
+  }
+  cursor_.pending.clear();  // recomputed with each batch; this rank's are in pending_ now
+  for (const auto& queue : pending_)
+    for (const auto& item : queue) {
+      cursor_.pending.push_back(item.stream);
+      cursor_.pending.push_back(item.emission);
+    }
+  start_ = cursor_;
+  consumed_ = cursor_;
   for (int64_t w = 0; w < options_.workers; ++w) threads_.emplace_back([this, w] { worker_loop(w); });
   threads_.emplace_back([this] { assembler_loop(); });
 }
@@ -222,7 +234,7 @@ Batch ShardLoader::make_batch(std::vector<const DecodedSample*>& samples) {
   for (const DecodedSample* s : samples) {
     at::Tensor image = s->image;
     if (!image.defined()) break;
-    if (side > 0 && (image.size(1) < side || image.size(2) < side)) {  // black (−1 after scaling), centred
+    if (options_.spec.buckets.empty() && side > 0 && (image.size(1) < side || image.size(2) < side)) {  // black, centred
       const int64_t top = (side - image.size(1)) / 2, left = (side - image.size(2)) / 2;
       image = at::constant_pad_nd(image, {left, side - image.size(2) - left, top, side - image.size(1) - top}, 0);
     }
@@ -257,6 +269,99 @@ Batch ShardLoader::make_batch(std::vector<const DecodedSample*>& samples) {
   return batch;
 }
 
+std::vector<ShardLoader::Item> ShardLoader::gather_batch(const std::vector<int64_t>& lengths, int64_t& repeated) {
+  const bool bucketed = !pending_.empty();
+  std::vector<Item> items;
+  items.reserve(static_cast<size_t>(local_batch_));
+  repeated = 0;
+  for (;;) {
+    if (bucketed) {
+      for (auto& queue : pending_)  // the first full bucket, in data.buckets order
+        if (static_cast<int64_t>(queue.size()) >= local_batch_) {
+          for (int64_t i = 0; i < local_batch_; ++i) {
+            items.push_back(std::move(queue.front()));
+            queue.pop_front();
+          }
+          return items;
+        }
+    } else if (static_cast<int64_t>(items.size()) == local_batch_) {
+      return items;
+    }
+    const int64_t c = pick_stream(cursor_.stream_counts, lengths, options_.rank, options_.world);
+    if (c < 0) {  // this rank's streams ran dry before the agreed end
+      if (bucketed) {  // the fullest bucket, then repeats
+        auto fullest = std::max_element(pending_.begin(), pending_.end(),
+                                        [](const auto& a, const auto& b) { return a.size() < b.size(); });
+        for (auto& item : *fullest) items.push_back(std::move(item));
+        fullest->clear();
+      }
+      repeated = local_batch_ - static_cast<int64_t>(items.size());
+      return items;
+    }
+    Item item = take_item(cursor_.epoch, c);
+    item.stream = c;
+    item.emission = cursor_.stream_counts[static_cast<size_t>(c)];
+    ++cursor_.stream_counts[static_cast<size_t>(c)];
+    ++cursor_.position;
+    ++handed_out_here_;
+    if (!item.error.empty()) {
+      on_damaged(item);
+      continue;
+    }
+    if (bucketed) pending_[static_cast<size_t>(item.sample.bucket)].push_back(std::move(item));
+    else items.push_back(std::move(item));
+  }
+}
+
+void ShardLoader::restore_pending(const std::vector<int64_t>& pairs) {
+  if (pairs.size() % 2 != 0) throw DataError("loader state: pending samples must be (stream, draw) pairs");
+  // This rank's pairs (a resume at another world size re-deals them with their streams), in the
+  // saved order; each stream's are read with one reader, in draw order.
+  std::vector<std::pair<int64_t, int64_t>> mine;
+  std::map<int64_t, std::vector<int64_t>> by_stream;
+  for (size_t i = 0; i < pairs.size(); i += 2) {
+    const int64_t c = pairs[i], k = pairs[i + 1];
+    if (c < 0 || c >= options_.streams || k < 0 || k >= cursor_.stream_counts[static_cast<size_t>(c)])
+      throw DataError(fmt::format("loader state: pending sample (stream {}, draw {}) is outside the state", c, k));
+    if (rank_of_stream(c, options_.world) != options_.rank) continue;
+    mine.emplace_back(c, k);
+    by_stream[c].push_back(k);
+  }
+  if (mine.empty()) return;
+  std::map<std::pair<int64_t, int64_t>, Item> read;
+  const auto shards = plans_.at(cursor_.epoch);
+  for (auto& [c, draws] : by_stream) {
+    std::sort(draws.begin(), draws.end());
+    std::vector<std::string> entries;
+    std::vector<int64_t> counts;
+    for (int64_t s : shards[static_cast<size_t>(c)]) {
+      entries.push_back(options_.shards[static_cast<size_t>(s)]);
+      counts.push_back(options_.shard_samples[static_cast<size_t>(s)]);
+    }
+    StreamReader reader(std::move(entries), std::move(counts), options_.shuffle_buffer,
+                        stream_seed(options_.seed, cursor_.epoch, c), draws.front(), options_.fetch);
+    for (int64_t k = draws.front(); k <= draws.back(); ++k) {
+      RawSample raw = reader.next();
+      if (!std::binary_search(draws.begin(), draws.end(), k)) continue;
+      Item item{raw.key, raw.shard, "", {}, c, k};
+      try {
+        item.sample = decode_sample(raw, options_.spec);
+      } catch (const DataError& e) {
+        item.error = e.what();
+      }
+      read.emplace(std::make_pair(c, k), std::move(item));
+    }
+  }
+  for (const auto& origin : mine) {
+    Item item = std::move(read.at(origin));
+    if (!item.error.empty()) {  // it decoded at the save; a shard changed since
+      on_damaged(item);
+      continue;
+    }
+    pending_[static_cast<size_t>(item.sample.bucket)].push_back(std::move(item));
+  }
+}
+
 void ShardLoader::assembler_loop() {
   c10::ParallelGuard serial(true);
   try {
@@ -270,6 +375,15 @@ void ShardLoader::assembler_loop() {
           assembling_epoch_ = cursor_.epoch + 1;
         }
         space_cv_.notify_all();
+        int64_t waiting = 0;
+        for (auto& queue : pending_) {
+          waiting += static_cast<int64_t>(queue.size());
+          queue.clear();
+        }
+        if (waiting > 0)
+          options_.warn(fmt::format("rank {}: epoch {} ended with {} samples waiting in buckets; they are not used",
+                                    options_.rank, cursor_.epoch, waiting));
+        cursor_.pending.clear();
         cursor_.epoch += 1;
         cursor_.position = 0;
         cursor_.stream_counts.assign(static_cast<size_t>(options_.streams), 0);
@@ -283,26 +397,9 @@ void ShardLoader::assembler_loop() {
         std::lock_guard<std::mutex> lock(mutex_);
         lengths = stream_lengths(cursor_.epoch);
       }
-      std::vector<Item> items;
-      std::vector<std::string> keys;
-      items.reserve(static_cast<size_t>(local_batch_));
       int64_t repeated = 0;
-      while (static_cast<int64_t>(items.size()) + repeated < local_batch_) {
-        const int64_t c = pick_stream(cursor_.stream_counts, lengths, options_.rank, options_.world);
-        if (c < 0) {  // this rank's streams ran dry before the agreed end: only after skips
-          ++repeated;
-          continue;
-        }
-        Item item = take_item(cursor_.epoch, c);
-        ++cursor_.stream_counts[static_cast<size_t>(c)];
-        ++cursor_.position;
-        ++handed_out_here_;
-        if (!item.error.empty()) {
-          on_damaged(item);
-          continue;
-        }
-        items.push_back(std::move(item));
-      }
+      std::vector<Item> items = gather_batch(lengths, repeated);
+      std::vector<std::string> keys;
       std::vector<const DecodedSample*> samples;
       for (const auto& item : items) {
         samples.push_back(&item.sample);
@@ -325,6 +422,12 @@ void ShardLoader::assembler_loop() {
       Batch batch = make_batch(samples);
       if (!items.empty()) last_sample_ = items.back().sample;
       batch.keys = std::move(keys);
+      cursor_.pending.clear();
+      for (const auto& queue : pending_)
+        for (const auto& item : queue) {
+          cursor_.pending.push_back(item.stream);
+          cursor_.pending.push_back(item.emission);
+        }
       --cursor_.batches_left;
       cursor_.keys_written += local_batch_;
       batch.state_after = cursor_;

@@ -71,12 +71,18 @@ class ShardLoader final : public BatchSource {
   struct Item {
     std::string key, shard, error;
     DecodedSample sample;
+    int64_t stream = -1, emission = -1;  // where it came from: the stream and its draw index this epoch
   };
   using QueueKey = std::pair<int64_t, int64_t>;  // (epoch, stream)
 
   const std::vector<int64_t>& stream_lengths(int64_t epoch);  // under mutex_
   void worker_loop(int64_t worker);
   void assembler_loop();
+  // Takes samples in the rank's order until a batch is complete: local_batch items (of one
+  // bucket), or fewer when the rank's streams ran dry (`repeated` rows then repeat them).
+  std::vector<Item> gather_batch(const std::vector<int64_t>& lengths, int64_t& repeated);
+  // A resumed run: re-reads the samples that waited in buckets at the save (start.pending).
+  void restore_pending(const std::vector<int64_t>& pairs);
   Item take_item(int64_t epoch, int64_t stream);
   void on_damaged(const Item& item);
   Batch make_batch(std::vector<const DecodedSample*>& samples);
@@ -102,6 +108,7 @@ class ShardLoader final : public BatchSource {
   LoaderState cursor_;
   int64_t handed_out_here_ = 0, skipped_here_ = 0;
   DecodedSample last_sample_;
+  std::vector<std::deque<Item>> pending_;  // with buckets: samples waiting for their bucket to fill
   std::atomic<int64_t> member_bytes_read_{0};
   std::vector<std::thread> threads_;
 };

@@ -58,7 +58,7 @@ json data_json(const TrainProgress& p) {
     const ShardsDataState& s = *p.shards;
     j["shards"] = {{"world", s.world},           {"epoch", s.epoch},     {"batches_left", s.batches_left},
                    {"stream_counts", s.stream_counts}, {"skipped", s.skipped}, {"repeated", s.repeated},
-                   {"keys_written", s.keys_written}};
+                   {"keys_written", s.keys_written}, {"pending", s.pending}};
   }
   return j;
 }
@@ -283,6 +283,7 @@ CheckpointContents read_metadata(const std::string& dir, const json& manifest) {
       s.skipped = j.at("skipped").get<int64_t>();
       s.repeated = j.at("repeated").get<int64_t>();
       s.keys_written = j.at("keys_written").get<std::vector<int64_t>>();
+      s.pending = j.value("pending", std::vector<int64_t>{});
       c.progress.shards = s;
     } catch (const json::exception& e) {
       throw CheckpointError(fmt::format("{}: data.shards: {}", mpath, e.what()));

@@ -46,6 +46,8 @@ struct ShardsDataState {
   // Lines in each data-parallel rank's data.record_keys file at the save; ranks of an earlier,
   // wider world keep their entries.
   std::vector<int64_t> keys_written;
+  // With data.buckets: every rank's samples waiting in buckets, (stream, draw) pairs flattened.
+  std::vector<int64_t> pending;
 };
 
 struct TrainProgress {

@@ -256,6 +256,9 @@ std::vector<Section> build_schema() {
                        "auto (min(shards, 4 x ranks x workers))")
                   .add("image_member", &DataConfig::image_member, one_of({"image", "latent"}),
                        "shards: the model's input: a decoded .png/.jpg, or .latent.safetensors (tensor 'latent')")
+                  .add("buckets", &DataConfig::buckets, any(),
+                       "shards: aspect-ratio buckets as HxW (pixels, or latent cells), e.g. [56x56, 48x64, 64x48]; "
+                       "each batch is of one; images are scaled and centre-cropped to the nearest; flux only")
                   .add("shuffle_buffer", &DataConfig::shuffle_buffer, at_least(1), "shards: samples per stream's shuffle buffer")
                   .add("on_error", &DataConfig::on_error, one_of({"skip", "fail"}),
                        "shards: a damaged sample is skipped and counted, or stops the run")

@@ -78,6 +78,7 @@ struct DataConfig {
   std::string shard_index = "";     // sample counts (default: index.json beside local shards)
   int64_t streams = 0;              // canonical streams; 0 = auto
   std::string image_member = "image";  // image (png/jpg) | latent (.latent.safetensors)
+  std::vector<std::string> buckets;    // aspect-ratio buckets "HxW"; empty: one shape
   int64_t shuffle_buffer = 256;     // per stream
   std::string on_error = "skip";    // skip | fail
   double max_skip_fraction = 0.01;
