@@ -28,7 +28,10 @@ int64_t resolve_streams(const DataConfig& data, int64_t shards, int64_t dp_size,
   }
   if (data.streams > 0) return data.streams;
   const int64_t workers = std::max<int64_t>(1, data.workers);
-  return std::max<int64_t>(1, std::min<int64_t>(shards, 4 * dp_size * workers));
+  // A multiple of the ranks, so every rank owns as many streams (an uneven split ends each epoch
+  // when the ranks with fewer run dry, leaving the others' rest unused).
+  const int64_t streams = std::min<int64_t>(shards, 4 * dp_size * workers) / dp_size * dp_size;
+  return std::max<int64_t>(streams, std::min<int64_t>(shards, dp_size * workers));
 }
 
 data::ShardLoaderOptions shard_loader_options(const Config& c, int64_t dp_rank, int64_t dp_size,
@@ -48,6 +51,11 @@ data::ShardLoaderOptions shard_loader_options(const Config& c, int64_t dp_rank, 
                  counted, o.shards.size(),
                  std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   o.streams = resolve_streams(c.data, static_cast<int64_t>(o.shards.size()), dp_size, resumed_streams);
+  if (o.streams % dp_size != 0)
+    spdlog::warn("data.streams {} is not a multiple of the {} data-parallel ranks: ranks own {} or {} streams, and each "
+                 "epoch ends when those with fewer run dry (~{:.0f}% of an epoch unused); use a multiple",
+                 o.streams, dp_size, o.streams / dp_size, o.streams / dp_size + 1,
+                 100.0 * (o.streams % dp_size) / static_cast<double>(o.streams));
   o.shuffle_buffer = c.data.shuffle_buffer;
   o.global_batch = c.data.batch_size;
   o.workers = std::max<int64_t>(1, c.data.workers);

@@ -1,6 +1,7 @@
 #include "trainer/trainer.h"
 
 #include "trainer/data_source.h"
+#include "data/shards/shard_loader.h"
 
 #include "data/png.h"
 #include "data/splitmix64.h"
@@ -194,6 +195,7 @@ Trainer::Trainer(Config config, TrainerHooks hooks) : config_(std::move(config))
   }
   if (config_.data.source == "shards" && progress_.shards) progress_.loader = shard_start_state(*progress_.shards);
   loader_ = make_batch_source(config_, dataset_, dp_rank_, dp_size_, device_, progress_.loader);
+  if (const auto* shards = dynamic_cast<const data::ShardLoader*>(loader_.get())) check_shard_fingerprint(*shards);
   if (config_.data.source == "shards" && config_.data.record_keys) open_key_logs();
   if (lead()) {
     metrics_ = std::make_unique<MetricsWriter>((fs::path(config_.run.out_dir) / "metrics.jsonl").string(), progress_.step);
@@ -327,7 +329,7 @@ data::LoaderState Trainer::shard_start_state(const ShardsDataState& saved) {
   s.epoch = saved.epoch;
   s.stream_counts = saved.stream_counts;
   // The epoch's end was agreed for the saved world size; another one recomputes it.
-  s.batches_left = saved.world == dp_size_ ? saved.batches_left : -1;
+  s.batches_left = saved.world == dp_size_ && saved.global_batch == config_.data.batch_size ? saved.batches_left : -1;
   // Run totals sit on data-parallel rank 0, so the sum over ranks stays the total.
   s.skipped = dp_rank_ == 0 ? saved.skipped : 0;
   s.repeated = dp_rank_ == 0 ? saved.repeated : 0;
@@ -363,6 +365,8 @@ ShardsDataState Trainer::merged_shard_state() {
   v = sum_over_data_ranks(std::move(v));
   ShardsDataState s;
   s.world = dp_size_;
+  s.global_batch = config_.data.batch_size;
+  s.fingerprint = shard_fingerprint_;
   s.epoch = mine.epoch;
   s.batches_left = mine.batches_left;
   s.stream_counts.assign(v.begin(), v.begin() + streams);
@@ -372,6 +376,24 @@ ShardsDataState Trainer::merged_shard_state() {
   for (auto it = v.begin() + pending_at; it != v.end(); ++it)
     if (*it > 0) s.pending.push_back(*it - 1);
   return s;
+}
+
+void Trainer::check_shard_fingerprint(const data::ShardLoader& loader) {
+  shard_fingerprint_ = loader.fingerprint();
+  // Every rank must plan the same streams: a shard counted differently on one rank (a failed
+  // download there) would make ranks train overlapping or missing samples.
+  const auto all = gather_from_ranks(static_cast<int64_t>(shard_fingerprint_));
+  for (size_t r = 0; r < all.size(); ++r)
+    if (static_cast<uint64_t>(all[r]) != shard_fingerprint_)
+      throw TrainingError(fmt::format("data: rank {} sees other shards or sample counts than rank {} (fingerprint "
+                                      "{:016x} vs {:016x}); every rank must read the same data.shards and index",
+                                      r, env_.rank, static_cast<uint64_t>(all[r]), shard_fingerprint_));
+  if (progress_.shards && progress_.shards->fingerprint != shard_fingerprint_)
+    throw TrainingError(fmt::format(
+        "data: the shards, their sample counts, data.streams, data.shuffle_buffer or run.seed differ from those of the "
+        "checkpoint being resumed (fingerprint {:016x} vs {:016x}): its stream counts would point at other samples. "
+        "Restore the data settings, or start a new run directory",
+        shard_fingerprint_, progress_.shards->fingerprint));
 }
 
 void Trainer::open_key_logs() {

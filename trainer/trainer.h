@@ -9,6 +9,7 @@
 
 #include "data/batch_source.h"
 #include "data/image_dataset.h"
+#include "data/shards/shard_loader.h"
 #include "models/model.h"
 #include "models/flow_matching.h"
 #include "trainer/checkpoint/checkpoint.h"
@@ -81,6 +82,8 @@ class Trainer {
   // The sum of `values` over data-parallel ranks (each counted once; a collective under FSDP).
   std::vector<int64_t> sum_over_data_ranks(std::vector<int64_t> values);
   void open_key_logs();
+  // Shards: all ranks must read the same data, and a resume the data its checkpoint was made on.
+  void check_shard_fingerprint(const data::ShardLoader& loader);
   StepResult train_step();
   void write_checkpoint();
   // Logs finished saves, records their times in metrics and applies checkpoint.on_error.
@@ -120,6 +123,7 @@ class Trainer {
   bool data_lead_ = true;
   std::unique_ptr<KeyLog> key_log_;
   std::vector<int64_t> keys_written_carried_;
+  uint64_t shard_fingerprint_ = 0;
   std::unique_ptr<MetricsWriter> metrics_;          // rank 0 only
   std::unique_ptr<TensorBoardWriter> tensorboard_;  // rank 0, when train.tensorboard is on
   std::unique_ptr<StepProfiler> profiler_;          // null when profile.enabled is off

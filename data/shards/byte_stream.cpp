@@ -9,6 +9,7 @@
 #include <csignal>
 #include <cstring>
 #include <fcntl.h>
+#include <poll.h>
 #include <spawn.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -82,14 +83,22 @@ class FileStream final : public ByteStream {
 // early terminates the command.
 class PipeStream final : public ByteStream {
  public:
-  PipeStream(const std::string& entry, const std::string& command) : ByteStream(entry) {
+  PipeStream(const std::string& entry, const std::string& command, const FetchOptions& options)
+      : ByteStream(entry), options_(options) {
     int fds[2];
     if (::pipe2(fds, O_CLOEXEC) != 0) throw DataError(fmt::format("shard {}: pipe failed: {}", entry, errno_text()));
     posix_spawn_file_actions_t actions;
     posix_spawn_file_actions_init(&actions);
     posix_spawn_file_actions_adddup2(&actions, fds[1], STDOUT_FILENO);
+    // A process group of its own: a Ctrl-C for the trainer (which then saves a stop checkpoint)
+    // must not kill the download under it.
+    posix_spawnattr_t attr;
+    posix_spawnattr_init(&attr);
+    posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP);
+    posix_spawnattr_setpgroup(&attr, 0);
     const char* argv[] = {"/bin/sh", "-c", command.c_str(), nullptr};
-    const int rc = posix_spawn(&pid_, "/bin/sh", &actions, nullptr, const_cast<char* const*>(argv), environ);
+    const int rc = posix_spawn(&pid_, "/bin/sh", &actions, &attr, const_cast<char* const*>(argv), environ);
+    posix_spawnattr_destroy(&attr);
     posix_spawn_file_actions_destroy(&actions);
     ::close(fds[1]);
     if (rc != 0) {
@@ -102,7 +111,7 @@ class PipeStream final : public ByteStream {
   ~PipeStream() override {
     ::close(fd_);
     if (pid_ > 0) {
-      ::kill(pid_, SIGTERM);
+      ::kill(-pid_, SIGTERM);  // its group: the shell and what it started
       int status = 0;
       while (::waitpid(pid_, &status, 0) < 0 && errno == EINTR) {
       }
@@ -111,6 +120,11 @@ class PipeStream final : public ByteStream {
 
   size_t read(char* dst, size_t n) override {
     for (;;) {
+      // Wait in slices, so a loader shutting down is not held by a stalled command.
+      pollfd p{fd_, POLLIN, 0};
+      const int ready = ::poll(&p, 1, 200);
+      if (options_.cancelled()) throw DataError(fmt::format("shard {}: cancelled", name()));
+      if (ready == 0 || (ready < 0 && errno == EINTR)) continue;
       const ssize_t got = ::read(fd_, dst, n);
       if (got >= 0) return static_cast<size_t>(got);
       if (errno != EINTR) throw DataError(fmt::format("shard {}: read failed: {}", name(), errno_text()));
@@ -119,6 +133,11 @@ class PipeStream final : public ByteStream {
 
   void finish() override {
     if (pid_ <= 0) return;
+    // Drain what the command still writes after the end-of-archive block (tar pads to its
+    // blocking factor), else it could block on a full pipe while we wait for it to exit.
+    char sink[1 << 16];
+    while (read(sink, sizeof sink) > 0) {
+    }
     int status = 0;
     while (::waitpid(pid_, &status, 0) < 0) {
       if (errno != EINTR) throw DataError(fmt::format("shard {}: waitpid failed: {}", name(), errno_text()));
@@ -131,6 +150,7 @@ class PipeStream final : public ByteStream {
   }
 
  private:
+  FetchOptions options_;
   int fd_ = -1;
   pid_t pid_ = -1;
 };
@@ -151,7 +171,7 @@ std::unique_ptr<ByteStream> open_shard(const std::string& entry, const FetchOpti
   if (starts_with(entry, "pipe:")) {
     const std::string command = entry.substr(5);
     if (command.empty()) throw DataError(fmt::format("shard '{}': pipe: names no command", entry));
-    return std::make_unique<PipeStream>(entry, command);
+    return std::make_unique<PipeStream>(entry, command, options);
   }
   if (starts_with(entry, "http://") || starts_with(entry, "https://")) return open_http_stream(entry, options);
   if (entry.empty()) throw DataError("an empty shard entry");

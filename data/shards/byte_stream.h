@@ -6,6 +6,7 @@
 // Every error is a DataError naming the entry, so a loader can say which shard failed.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -20,6 +21,10 @@ struct FetchOptions {
   double backoff_s = 1.0;
   double connect_timeout_s = 30.0;
   double stall_timeout_s = 60.0;  // a transfer below 1 byte/s for this long counts as failed
+  // Set by the owner (a loader shutting down): pipe and HTTP reads, retries and backoffs give up
+  // within ~0.2 s with a DataError instead of blocking on a stalled command or server.
+  std::shared_ptr<const std::atomic<bool>> cancel;
+  bool cancelled() const { return cancel && cancel->load(); }
 };
 
 class ByteStream {

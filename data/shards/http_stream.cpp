@@ -29,8 +29,11 @@ void init_curl_once() {
 
 // Errors worth another attempt: the network or the server, not the request.
 bool transient(CURLcode code, long http_status) {
-  if (code == CURLE_HTTP_RETURNED_ERROR) return http_status >= 500;
+  if (code == CURLE_HTTP_RETURNED_ERROR) return http_status >= 500 || http_status == 408 || http_status == 429;
   switch (code) {
+    case CURLE_HTTP2:
+    case CURLE_HTTP2_STREAM:
+    case CURLE_WEIRD_SERVER_REPLY:
     case CURLE_COULDNT_CONNECT:
     case CURLE_COULDNT_RESOLVE_HOST:
     case CURLE_OPERATION_TIMEDOUT:
@@ -51,10 +54,16 @@ class HttpStream final : public ByteStream {
     init_curl_once();
     multi_ = curl_multi_init();
     if (!multi_) throw DataError(fmt::format("shard {}: curl_multi_init failed", url));
-    start_transfer();
-    // Fail here, not at the first read, when the URL cannot be reached at all: wait for the
-    // first byte or the end.
-    while (pending() == 0 && !done_) pump();
+    try {
+      start_transfer();
+      // Fail here, not at the first read, when the URL cannot be reached at all: wait for the
+      // first byte or the end.
+      while (pending() == 0 && !done_) pump();
+    } catch (...) {
+      stop_transfer();
+      curl_multi_cleanup(multi_);
+      throw;
+    }
   }
 
   ~HttpStream() override {
@@ -92,6 +101,7 @@ class HttpStream final : public ByteStream {
     curl_easy_setopt(easy_, CURLOPT_ERRORBUFFER, error_text_);
     error_text_[0] = '\0';
     range_requested_ = received_ > 0;
+    received_at_start_ = received_;
     status_checked_ = false;
     to_drop_ = 0;
     if (range_requested_) curl_easy_setopt(easy_, CURLOPT_RANGE, fmt::format("{}-", received_).c_str());
@@ -128,6 +138,7 @@ class HttpStream final : public ByteStream {
   }
 
   void pump() {
+    if (options_.cancelled()) throw DataError(fmt::format("shard {}: cancelled", name()));
     if (paused_ && pending() < kMaxBuffered) {
       paused_ = false;
       curl_easy_pause(easy_, CURLPAUSE_CONT);
@@ -146,10 +157,14 @@ class HttpStream final : public ByteStream {
   void finish_attempt(CURLcode code) {
     long status = 0;
     curl_easy_getinfo(easy_, CURLINFO_RESPONSE_CODE, &status);
-    if (code == CURLE_OK) {
+    // A resume asked for bytes past the end: the body was complete.
+    if (code == CURLE_OK || (code == CURLE_HTTP_RETURNED_ERROR && status == 416 && range_requested_)) {
       done_ = true;
       return;
     }
+    // The retry budget is for consecutive failures: an attempt that moved data (then broke, e.g.
+    // a server closing a connection paused while the trainer was busy) starts it afresh.
+    if (received_ > received_at_start_) attempts_ = 0;
     const std::string why =
         code == CURLE_HTTP_RETURNED_ERROR ? fmt::format("HTTP {}", status)
                                           : fmt::format("{}{}{}", curl_easy_strerror(code), error_text_[0] ? ": " : "",
@@ -160,7 +175,11 @@ class HttpStream final : public ByteStream {
                                   attempts_ == 0 ? "" : "s"));
     const double wait = options_.backoff_s * static_cast<double>(1u << std::min(attempts_, 16));
     ++attempts_;
-    std::this_thread::sleep_for(std::chrono::duration<double>(wait));
+    const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(wait);
+    while (std::chrono::steady_clock::now() < until) {  // in slices: a shutdown does not wait it out
+      if (options_.cancelled()) throw DataError(fmt::format("shard {}: cancelled", name()));
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
     start_transfer();
   }
 
@@ -172,6 +191,7 @@ class HttpStream final : public ByteStream {
   size_t consumed_ = 0;
   uint64_t received_ = 0;  // body bytes accepted so far: where a resumed transfer starts
   uint64_t to_drop_ = 0;
+  uint64_t received_at_start_ = 0;  // received_ when the current attempt started
   bool range_requested_ = false, status_checked_ = false, paused_ = false, done_ = false;
   int attempts_ = 0;
 };

@@ -76,8 +76,14 @@ DecodedSample decode_sample(const RawSample& s, const SampleSpec& spec) {
   DecodedSample out;
   if (spec.image == "image") out.image = decode_image(s, spec);
   else if (spec.image == "latent") out.image = tensor_member(s, "latent.safetensors", "latent").to(at::kFloat);
-  if (spec.image == "latent" && out.image.dim() != 3)
-    throw DataError(fmt::format("latent of shape {}, expected [C, h, w]", c10::str(out.image.sizes())));
+  if (spec.image == "latent") {  // checked here, per sample: a bad one is damage, not a failed batch
+    if (out.image.dim() != 3 || (spec.channels > 0 && out.image.size(0) != spec.channels))
+      throw DataError(fmt::format("latent of shape {}, expected [{}, h, w]", c10::str(out.image.sizes()),
+                                  spec.channels));
+    if (spec.buckets.empty() && spec.max_side > 0 && (out.image.size(1) > spec.max_side || out.image.size(2) > spec.max_side))
+      throw DataError(fmt::format("a {}×{} latent; the model takes at most {}×{}", out.image.size(1),
+                                  out.image.size(2), spec.max_side, spec.max_side));
+  }
   if (!spec.buckets.empty() && out.image.defined()) {
     const int64_t h = out.image.size(1), w = out.image.size(2);
     if (spec.image == "latent") {  // latents are not resampled: the shape must be a bucket's
@@ -95,6 +101,7 @@ DecodedSample decode_sample(const RawSample& s, const SampleSpec& spec) {
   }
   if (spec.text_embeddings) {
     out.fields["txt"] = tensor_member(s, "txt_emb.safetensors", "txt");
+    if (out.fields["txt"].dim() != 2) throw DataError("'txt' of txt_emb.safetensors must be [L, D]");
     at::Tensor mask = tensor_member(s, "txt_emb.safetensors", "txt_mask", /*required=*/false);
     out.fields["txt_mask"] = mask.defined() ? mask.to(at::kBool) : at::ones({out.fields["txt"].size(0)}, at::kBool);
     out.fields["vec"] = tensor_member(s, "vec.safetensors", "vec");

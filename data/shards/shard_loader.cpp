@@ -1,6 +1,8 @@
 #include "data/shards/shard_loader.h"
 
 #include "data/data_error.h"
+#include "data/splitmix64.h"
+#include "data/shards/shard_list.h"
 #include "data/shards/stream_plan.h"
 #include "data/shards/stream_reader.h"
 
@@ -26,6 +28,7 @@ int64_t owned_streams(int64_t streams, int64_t rank, int64_t world) {
 ShardLoader::ShardLoader(ShardLoaderOptions options, LoaderState start)
     : options_(std::move(options)), start_(start) {
   if (!options_.warn) options_.warn = [](const std::string& line) { std::cerr << line << "\n"; };
+  options_.fetch.cancel = cancel_;  // the destructor stops pipe / HTTP reads that would block it
   options_.workers = std::max<int64_t>(options_.workers, 1);
   if (options_.shards.size() != options_.shard_samples.size())
     throw DataError("ShardLoader: one sample count per shard is needed");
@@ -87,6 +90,7 @@ ShardLoader::~ShardLoader() {
     std::lock_guard<std::mutex> lock(mutex_);
     stopping_ = true;
   }
+  *cancel_ = true;
   item_cv_.notify_all();
   space_cv_.notify_all();
   ready_cv_.notify_all();
@@ -143,6 +147,10 @@ void ShardLoader::worker_loop(int64_t worker) {
             entries.push_back(options_.shards[s]);
             counts.push_back(options_.shard_samples[s]);
           }
+          {
+            std::lock_guard<std::mutex> guard(mutex_);
+            if (stopping_ || error_) return;
+          }
           const int64_t start_count = epoch == start_.epoch ? start_.stream_counts[c] : 0;
           owned.push_back({c, std::make_unique<StreamReader>(std::move(entries), std::move(counts),
                                                              options_.shuffle_buffer,
@@ -167,7 +175,7 @@ void ShardLoader::worker_loop(int64_t worker) {
           Item item{raw.key, raw.shard, "", {}};
           try {
             item.sample = decode_sample(raw, options_.spec);
-          } catch (const DataError& e) {
+          } catch (const std::exception& e) {  // DataError, or a c10::Error from a malformed tensor
             item.error = e.what();
           }
           {
@@ -346,7 +354,7 @@ void ShardLoader::restore_pending(const std::vector<int64_t>& pairs) {
       Item item{raw.key, raw.shard, "", {}, c, k};
       try {
         item.sample = decode_sample(raw, options_.spec);
-      } catch (const DataError& e) {
+      } catch (const std::exception& e) {
         item.error = e.what();
       }
       read.emplace(std::make_pair(c, k), std::move(item));
@@ -367,14 +375,22 @@ void ShardLoader::assembler_loop() {
   try {
     for (;;) {
       if (cursor_.batches_left == 0) {  // the epoch ends: what is left in the streams is not used
-        std::vector<int64_t> lengths;
+        std::vector<int64_t> lengths, ended_lengths;
         {
           std::lock_guard<std::mutex> lock(mutex_);
+          ended_lengths = stream_lengths(cursor_.epoch);
           lengths = stream_lengths(cursor_.epoch + 1);
           queues_.erase(queues_.begin(), queues_.lower_bound({cursor_.epoch + 1, 0}));
           assembling_epoch_ = cursor_.epoch + 1;
         }
         space_cv_.notify_all();
+        int64_t unused = 0;
+        for (int64_t c = options_.rank; c < options_.streams; c += options_.world)
+          unused += ended_lengths[static_cast<size_t>(c)] - cursor_.stream_counts[static_cast<size_t>(c)];
+        if (unused > 0)
+          options_.warn(fmt::format("rank {}: epoch {} ended with {} samples of its streams unused (streams of unequal "
+                                    "length; see data.streams)",
+                                    options_.rank, cursor_.epoch, unused));
         int64_t waiting = 0;
         for (auto& queue : pending_) {
           waiting += static_cast<int64_t>(queue.size());
@@ -461,6 +477,19 @@ Batch ShardLoader::next() {
     return batch;
   }
   std::rethrow_exception(error_);
+}
+
+uint64_t ShardLoader::fingerprint() const {
+  uint64_t h = 0x6A09E667F3BCC908ull;
+  const auto mix = [&h](uint64_t v) { h = splitmix64_mix(h ^ (v + kGoldenGamma)); };
+  for (size_t i = 0; i < options_.shards.size(); ++i) {
+    // Base names: the same shards moved to another store (a path -> pipe:aws s3 cp …) still match.
+    for (unsigned char ch : shard_basename(options_.shards[i])) mix(ch);
+    mix(static_cast<uint64_t>(options_.shard_samples[i]));
+  }
+  for (int64_t v : {options_.streams, options_.shuffle_buffer}) mix(static_cast<uint64_t>(v));
+  mix(options_.seed);
+  return h;
 }
 
 LoaderState ShardLoader::state() const {

@@ -64,6 +64,9 @@ class ShardLoader final : public BatchSource {
 
   Batch next() override;
   LoaderState state() const override;
+  // A hash of what decides each stream's order: shard base names and counts, streams, shuffle
+  // buffer, seed. Ranks must agree on it, and a resume must find the checkpoint's.
+  uint64_t fingerprint() const;
   // Bytes of sample members the workers have read so far (encoded, as stored in the shards).
   int64_t member_bytes_read() const { return member_bytes_read_.load(); }
 
@@ -110,6 +113,7 @@ class ShardLoader final : public BatchSource {
   DecodedSample last_sample_;
   std::vector<std::deque<Item>> pending_;  // with buckets: samples waiting for their bucket to fill
   std::atomic<int64_t> member_bytes_read_{0};
+  std::shared_ptr<std::atomic<bool>> cancel_ = std::make_shared<std::atomic<bool>>(false);
   std::vector<std::thread> threads_;
 };
 

@@ -13,6 +13,9 @@ namespace flowtrain::data {
 namespace {
 
 constexpr size_t kBlock = 512;
+// A member larger than this is taken as a damaged header, not allocated: a flipped bit in a size
+// field (pax records carry no checksum) must not become a multi-terabyte allocation.
+constexpr uint64_t kMaxMemberBytes = uint64_t{16} << 30;
 
 uint64_t padded(uint64_t n) { return (n + kBlock - 1) / kBlock * kBlock; }
 
@@ -20,6 +23,7 @@ uint64_t padded(uint64_t n) { return (n + kBlock - 1) / kBlock * kBlock; }
 // byte's high bit is set (sizes of 8 GiB and more). nullopt when it is neither.
 std::optional<uint64_t> parse_number(const char* field, size_t len) {
   const auto* bytes = reinterpret_cast<const unsigned char*>(field);
+  if (bytes[0] == 0xff) return std::nullopt;  // base-256 negative: never a valid size
   if (bytes[0] & 0x80) {
     uint64_t v = bytes[0] & 0x7f;
     for (size_t i = 1; i < len; ++i) v = (v << 8) | bytes[i];
@@ -129,6 +133,9 @@ std::optional<TarMember> TarReader::next(bool want_data) {
       throw DataError(fmt::format("shard {}: bad size field in the tar header at byte {}", in_.name(), header_offset));
     const char type = block[156];
     const uint64_t size = has_size_override ? next_size_override : *header_size;
+    if (size > kMaxMemberBytes || *header_size > kMaxMemberBytes)
+      throw DataError(fmt::format("shard {}: tar header at byte {} claims a member of {} bytes (damaged?)", in_.name(),
+                                  header_offset, std::max(size, *header_size)));
     std::string name = field_text(block, 100);
     if (std::memcmp(block + 257, "ustar\0", 6) == 0) {
       const std::string prefix = field_text(block + 345, 155);

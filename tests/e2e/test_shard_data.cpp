@@ -66,6 +66,12 @@ TEST(ShardData, PackInspectAndTrainFromShardsWithAnExactResume) {
   EXPECT_EQ(std::count(keys_a.begin(), keys_a.end(), '\n'), 8 * 32);
   EXPECT_EQ(keys_a, read_lines_file(base + "/resumed/data/keys-rank-00000.txt"));
 
+  // Resuming on other order settings would point the stream counts at other samples: refused.
+  auto changed = train_tiny(base + "/resumed", with({"train.steps=9", "data.shuffle_buffer=7"}));
+  EXPECT_NE(changed.exit_code, 0);
+  EXPECT_NE(changed.output.find("differ from those of the checkpoint being resumed"), std::string::npos)
+      << changed.output;
+
   // Bad input: a pattern matching no file is one error naming it, before training.
   auto missing = train_tiny(base + "/missing", {"data.source=shards", "data.shards=" + base + "/nope-{0..3}.tar"});
   EXPECT_NE(missing.exit_code, 0);

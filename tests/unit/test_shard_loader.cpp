@@ -11,7 +11,10 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <cstdlib>
 #include <filesystem>
+#include <thread>
 #include <map>
 #include <set>
 
@@ -403,4 +406,26 @@ TEST(ShardLoader, BucketsMakeBatchesOfOneShapeAndResumeWithTheirWaitingSamples) 
   for (const auto& k : seen) ++times[k];
   for (const auto& [key, n] : times) EXPECT_EQ(n, 1) << key;
   EXPECT_GE(times.size(), 40u);  // 48 less at most one unfilled bucket batch per shape at the end
+}
+
+TEST(ShardLoader, ShutsDownPromptlyWhileAShardCommandStalls) {
+  // Workers blocked reading a command that never writes: destroying the loader (a run stopping
+  // on an error elsewhere) must not wait for it.
+  ShardLoaderOptions o;
+  o.shards = {"pipe:sleep 600", "pipe:sleep 601"};
+  o.shard_samples = {10, 10};
+  o.streams = 2;
+  o.global_batch = 2;
+  o.workers = 2;
+  o.spec.label = true;
+  o.spec.num_classes = 10;
+  o.warn = [](const std::string&) {};
+  const auto t0 = std::chrono::steady_clock::now();
+  {
+    ShardLoader loader(o);
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  }
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 5.0);
+  // And the commands are gone (their process group was terminated).
+  EXPECT_NE(std::system("pgrep -f 'sleep 60[01]' > /dev/null"), 0);
 }

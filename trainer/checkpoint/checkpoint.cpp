@@ -56,7 +56,9 @@ json data_json(const TrainProgress& p) {
   json j = {{"ranks", json::array({json{{"rank", 0}, {"state", state_json(p.loader)}}})}};
   if (p.shards) {
     const ShardsDataState& s = *p.shards;
-    j["shards"] = {{"world", s.world},           {"epoch", s.epoch},     {"batches_left", s.batches_left},
+    j["shards"] = {{"world", s.world},           {"global_batch", s.global_batch},
+                   {"fingerprint", fmt::format("{:016x}", s.fingerprint)},
+                   {"epoch", s.epoch},     {"batches_left", s.batches_left},
                    {"stream_counts", s.stream_counts}, {"skipped", s.skipped}, {"repeated", s.repeated},
                    {"keys_written", s.keys_written}, {"pending", s.pending}};
   }
@@ -277,6 +279,8 @@ CheckpointContents read_metadata(const std::string& dir, const json& manifest) {
       const json& j = data.at("shards");
       ShardsDataState s;
       s.world = j.at("world").get<int64_t>();
+      s.global_batch = j.at("global_batch").get<int64_t>();
+      s.fingerprint = std::stoull(j.at("fingerprint").get<std::string>(), nullptr, 16);
       s.epoch = j.at("epoch").get<int64_t>();
       s.batches_left = j.at("batches_left").get<int64_t>();
       s.stream_counts = j.at("stream_counts").get<std::vector<int64_t>>();

@@ -39,6 +39,8 @@ namespace flowtrain::trainer {
 // at any world size (data/shards/stream_plan.h).
 struct ShardsDataState {
   int64_t world = 1;  // data-parallel ranks at the save
+  int64_t global_batch = 0;
+  uint64_t fingerprint = 0;  // data::ShardLoader::fingerprint: the shards, counts and order settings
   int64_t epoch = 0;
   int64_t batches_left = 0;  // valid for a resume at the same world size
   std::vector<int64_t> stream_counts;

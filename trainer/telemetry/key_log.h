@@ -13,9 +13,8 @@ namespace flowtrain::trainer {
 
 std::string key_log_path(const std::string& out_dir, int64_t dp_rank);
 
-// Cuts `path` to its first `lines` lines (0: empties it; a missing file stays missing). Throws
-// std::runtime_error naming the file when it holds fewer lines than that (it does not belong to
-// this run's checkpoints).
+// Cuts `path` to its first `lines` lines (0: empties it). A file with fewer lines (lost in a host
+// crash) is kept as it is, with a warning; a missing one that should hold lines is an error.
 void truncate_key_log(const std::string& path, int64_t lines);
 
 class KeyLog {
