@@ -12,7 +12,7 @@ set -euo pipefail
 
 deb_packages=(build-essential cmake ninja-build ccache pkg-config python3-venv
   libyaml-cpp-dev libspdlog-dev libfmt-dev nlohmann-json3-dev libgtest-dev libgmock-dev
-  libpng-dev libjpeg62-turbo-dev libcurl4-openssl-dev zlib1g-dev libcli11-dev libgloo-dev libsentencepiece-dev dataset-fashion-mnist
+  libpng-dev libjpeg62-turbo-dev libcurl4-openssl-dev libavformat-dev libavcodec-dev libswscale-dev zlib1g-dev libcli11-dev libgloo-dev libsentencepiece-dev dataset-fashion-mnist
   slurmctld slurmd slurm-client)  # Slurm: tests/slurm/ starts its own cluster (scripts/slurm/local_cluster.sh)
 
 missing=()
