@@ -74,6 +74,10 @@ data::ShardLoaderOptions shard_loader_options(const Config& c, int64_t dp_rank, 
   o.spec.image = c.data.image_member == "latent" ? "latent" : "image";
   o.spec.channels = c.model.in_channels;
   o.spec.max_side = c.model.image_size;
+  o.spec.video_frames = c.data.video_frames;
+  o.spec.video_fps = c.data.video_fps;
+  if (o.spec.video_frames > 0 && !c.data.buckets.empty())
+    throw ConfigError("'data.buckets' and 'data.video_frames' together are not supported yet");
   try {
     o.spec.buckets = data::parse_buckets(c.data.buckets);
   } catch (const data::DataError& e) {

@@ -4,10 +4,13 @@
 #include "data/data_error.h"
 #include "data/fashion_mnist.h"
 #include "data/png.h"
+#include "data/splitmix64.h"
+#include "data/video.h"
 #include "data/shards/shard_index.h"
 #include "data/shards/tar.h"
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <filesystem>
@@ -133,15 +136,71 @@ void pack_compositions(const PackOptions& o, const std::string& dir, ShardSink& 
   }
 }
 
+// Where a 16-pixel garment is in frame t of `frames` moving in `direction` across 32 pixels.
+std::pair<int64_t, int64_t> moving_position(int64_t direction, int64_t t, int64_t frames) {
+  const int64_t travel = std::min<int64_t>(16, frames - 1);  // one pixel a frame, at most 16
+  const int64_t along = frames > 1 ? t * travel / (frames - 1) : 0, centre = 8;
+  switch (direction) {
+    case 0: return {centre, 16 - along};  // left
+    case 1: return {centre, along};       // right
+    case 2: return {16 - along, centre};  // up
+    default: return {along, centre};      // down
+  }
+}
+
+void check_pack_dir(const std::string& out_dir) {
+  if (out_dir.empty()) throw DataError("data pack: --out is required");
+  if (fs::exists(fs::path(out_dir) / "index.json") || fs::exists(fs::path(out_dir) / "train-000000.tar"))
+    throw DataError(fmt::format("data pack: {} already holds shards (remove it or choose another --out)", out_dir));
+  fs::create_directories(out_dir);
+}
+
 }  // namespace
 
+PackResult make_moving_fashion(const MovingFashionOptions& o) {
+  if (o.num < 1 || o.frames < 2 || o.fps < 1)
+    throw DataError("make-moving-fashion: --num must be >= 1, --frames >= 2, --fps >= 1");
+  check_pack_dir(o.out_dir);
+  const ImageDataset set = load_fashion_mnist(o.fashion_dir.empty() ? kFashionMnistDefaultDir : o.fashion_dir, "train");
+  const at::Tensor colors = composition_colors();  // [8, 3]
+  static const char* kDirections[] = {"left", "right", "up", "down"};
+  PackOptions pack;
+  pack.from = "moving-fashion";
+  pack.out_dir = o.out_dir;
+  pack.max_count = o.max_count;
+  ShardSink sink(pack);
+  for (int64_t i = 0; i < o.num; ++i) {
+    SplitMix64 rng{o.seed * 0x9E3779B97F4A7C15ull + static_cast<uint64_t>(i) + 1};
+    const auto source = static_cast<int64_t>(rng.below(static_cast<uint64_t>(set.size())));
+    const auto color = static_cast<int64_t>(rng.below(8));
+    const auto direction = static_cast<int64_t>(rng.below(4));
+    const int64_t label = set.labels[source].item<int64_t>();
+    // 28×28 -> 16×16 by area, then tinted: [16, 16, 3] float in [0, 255].
+    const at::Tensor small = at::adaptive_avg_pool2d(set.images[source].to(at::kFloat).unsqueeze(0), {16, 16})[0][0];
+    const at::Tensor tinted = small.unsqueeze(2) * colors[color].view({1, 1, 3});
+    at::Tensor frames = at::zeros({o.frames, 32, 32, 3}, at::kFloat);
+    for (int64_t t = 0; t < o.frames; ++t) {
+      const auto [y, x] = moving_position(direction, t, o.frames);
+      frames[t].narrow(0, y, 16).narrow(1, x, 16).copy_(tinted);
+    }
+    const std::string class_name = composition_class_names()[static_cast<size_t>(label)];
+    const std::string color_name = composition_color_names()[static_cast<size_t>(color)];
+    const nlohmann::json meta = {{"class", class_name}, {"class_id", label}, {"color", color_name},
+                                 {"direction", kDirections[direction]}, {"source_index", source}};
+    sink.add(fmt::format("clip-{:07d}", i),
+             {{"mp4", encode_video_lossless(frames.round().clamp(0, 255).to(at::kByte), o.fps)},
+              {"txt", fmt::format("{} {} {} moving {}", color_name == "orange" ? "an" : "a", color_name, class_name,
+                                  kDirections[direction])},
+              {"cls", std::to_string(label)},
+              {"json", meta.dump()}});
+  }
+  return sink.finish();
+}
+
 PackResult pack_shards(const PackOptions& o) {
-  if (o.out_dir.empty()) throw DataError("data pack: --out is required");
   if (o.max_count < 1 || o.max_size < 1024)
     throw DataError("data pack: --max-count must be at least 1 and --max-size at least 1024 bytes");
-  if (fs::exists(fs::path(o.out_dir) / "index.json") || fs::exists(fs::path(o.out_dir) / "train-000000.tar"))
-    throw DataError(fmt::format("data pack: {} already holds shards (remove it or choose another --out)", o.out_dir));
-  fs::create_directories(o.out_dir);
+  check_pack_dir(o.out_dir);
   ShardSink sink(o);
   if (o.from == "fashion-mnist") pack_fashion_mnist(o, sink);
   else if (o.from.rfind("folder:", 0) == 0) pack_folder(o, o.from.substr(7), sink);

@@ -33,4 +33,17 @@ struct PackResult {
 // Throws DataError naming the source or file on bad input; never leaves a partial shard.
 PackResult pack_shards(const PackOptions& options);
 
+// `flowtrain data make-moving-fashion`: a synthetic video set as shards — a Fashion-MNIST garment
+// (train split, shrunk to 16×16, tinted one of the compositions' 8 colours) moving one pixel a
+// frame left, right, up or down across a black 32×32 frame. Members: `.mp4` (lossless H.264,
+// data/video.h), `.txt` ("a red sneaker moving left"), `.cls` (the garment's class), `.json`
+// ({"class", "class_id", "color", "direction", "source_index"}). A pure function of the options.
+struct MovingFashionOptions {
+  std::string fashion_dir;  // Fashion-MNIST IDX files ("" = Debian's)
+  std::string out_dir;
+  int64_t num = 2000, frames = 16, fps = 8, max_count = 500;
+  uint64_t seed = 0;
+};
+PackResult make_moving_fashion(const MovingFashionOptions& options);
+
 }  // namespace flowtrain::data

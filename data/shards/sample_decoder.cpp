@@ -4,11 +4,13 @@
 #include "data/jpeg.h"
 #include "data/png.h"
 #include "data/safetensors.h"
+#include "data/video.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
 #include <charconv>
+#include <cmath>
 
 namespace flowtrain::data {
 namespace {
@@ -60,8 +62,9 @@ int64_t parse_label(const RawSample& s, int64_t num_classes) {
 
 std::string required_members(const SampleSpec& spec) {
   std::vector<std::string> parts;
-  if (spec.image == "image") parts.push_back("png|jpg");
-  if (spec.image == "latent") parts.push_back("latent.safetensors");
+  if (spec.video_frames > 0) parts.push_back("mp4");
+  else if (spec.image == "image") parts.push_back("png|jpg");
+  if (spec.video_frames == 0 && spec.image == "latent") parts.push_back("latent.safetensors");
   if (spec.label) parts.push_back("cls");
   if (spec.caption) parts.push_back("txt");
   if (spec.text_embeddings) {
@@ -71,10 +74,32 @@ std::string required_members(const SampleSpec& spec) {
   return fmt::format("{}", fmt::join(parts, ", "));
 }
 
-DecodedSample decode_sample(const RawSample& s, const SampleSpec& spec) {
+namespace {
+
+at::Tensor decode_clip(const RawSample& s, const SampleSpec& spec, uint64_t draw) {
+  const std::string& bytes = member(s, "mp4");
+  const std::string what = "member " + s.key + ".mp4";
+  const VideoInfo info = probe_video(bytes, what);
+  const int64_t step = spec.video_fps > 0 ? std::max<int64_t>(1, std::llround(info.fps / spec.video_fps)) : 1;
+  const int64_t span = (spec.video_frames - 1) * step + 1;
+  if (info.frames < span)
+    throw DataError(fmt::format("a video of {} frames is shorter than a clip of {} frames every {}", info.frames,
+                                spec.video_frames, step));
+  const auto start = static_cast<int64_t>(draw % static_cast<uint64_t>(info.frames - span + 1));
+  at::Tensor clip = decode_video_clip(bytes, start, spec.video_frames, step, what);
+  if (spec.max_side > 0 && (clip.size(2) > spec.max_side || clip.size(3) > spec.max_side))
+    throw DataError(fmt::format("{}×{} video frames; the model takes at most {}×{}", clip.size(2), clip.size(3),
+                                spec.max_side, spec.max_side));
+  return clip;
+}
+
+}  // namespace
+
+DecodedSample decode_sample(const RawSample& s, const SampleSpec& spec, uint64_t draw) {
   if (!s.error.empty()) throw DataError(s.error);
   DecodedSample out;
-  if (spec.image == "image") out.image = decode_image(s, spec);
+  if (spec.video_frames > 0) out.image = decode_clip(s, spec, draw);
+  else if (spec.image == "image") out.image = decode_image(s, spec);
   else if (spec.image == "latent") out.image = tensor_member(s, "latent.safetensors", "latent").to(at::kFloat);
   if (spec.image == "latent") {  // checked here, per sample: a bad one is damage, not a failed batch
     if (out.image.dim() != 3 || (spec.channels > 0 && out.image.size(0) != spec.channels))

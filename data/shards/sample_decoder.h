@@ -30,6 +30,11 @@ struct SampleSpec {
   std::function<std::map<std::string, at::Tensor>(const std::string& caption)> caption_fields;
   bool text_embeddings = false; // `txt_emb.safetensors` and `vec.safetensors` required
   std::vector<Bucket> buckets;  // aspect-ratio buckets (buckets.h); empty: one shape, padded
+  // Video (`mp4`, data/video.h): a clip of `video_frames` frames (0: not video) at `video_fps`
+  // (every round(source fps / video_fps)-th frame; 0: every frame), starting at a frame drawn
+  // from the sample's draw seed; the image is then uint8 [T, 3, H, W].
+  int64_t video_frames = 0;
+  double video_fps = 0;
 };
 
 struct DecodedSample {
@@ -42,6 +47,8 @@ struct DecodedSample {
 // The members a spec needs, for messages: e.g. "png|jpg, cls".
 std::string required_members(const SampleSpec& spec);
 
-DecodedSample decode_sample(const RawSample& sample, const SampleSpec& spec);
+// `draw`: the sample's seed for random choices (a video clip's start): a pure function of
+// (run seed, epoch, stream, draw index), so it is the same whichever worker decodes it.
+DecodedSample decode_sample(const RawSample& sample, const SampleSpec& spec, uint64_t draw = 0);
 
 }  // namespace flowtrain::data

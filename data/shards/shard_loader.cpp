@@ -131,6 +131,7 @@ void ShardLoader::worker_loop(int64_t worker) {
         std::unique_ptr<StreamReader> reader;
       };
       std::vector<Owned> owned;
+      std::map<int64_t, int64_t> draws;  // per owned stream: draw index of its next sample this epoch
       {
         std::unique_lock<std::mutex> lock(mutex_);
         // At most one epoch ahead of the assembler.
@@ -152,6 +153,7 @@ void ShardLoader::worker_loop(int64_t worker) {
             if (stopping_ || error_) return;
           }
           const int64_t start_count = epoch == start_.epoch ? start_.stream_counts[c] : 0;
+          draws[c] = start_count;
           owned.push_back({c, std::make_unique<StreamReader>(std::move(entries), std::move(counts),
                                                              options_.shuffle_buffer,
                                                              stream_seed(options_.seed, epoch, c), start_count,
@@ -169,12 +171,13 @@ void ShardLoader::worker_loop(int64_t worker) {
             if (assembling_epoch_ > epoch) break;
             if (static_cast<int64_t>(queues_[{epoch, stream}].size()) >= queue_capacity_) continue;
           }
+          const int64_t draw = draws[stream]++;
           RawSample raw = reader->next();
           for (const auto& [ext, bytes] : raw.members) member_bytes_read_ += static_cast<int64_t>(bytes.size());
           for (const auto& w : reader->take_warnings()) options_.warn(w);
           Item item{raw.key, raw.shard, "", {}};
           try {
-            item.sample = decode_sample(raw, options_.spec);
+            item.sample = decode_sample(raw, options_.spec, draw_seed(epoch, stream, draw));
           } catch (const std::exception& e) {  // DataError, or a c10::Error from a malformed tensor
             item.error = e.what();
           }
@@ -242,7 +245,8 @@ Batch ShardLoader::make_batch(std::vector<const DecodedSample*>& samples) {
   for (const DecodedSample* s : samples) {
     at::Tensor image = s->image;
     if (!image.defined()) break;
-    if (options_.spec.buckets.empty() && side > 0 && (image.size(1) < side || image.size(2) < side)) {  // black, centred
+    if (image.dim() == 3 && options_.spec.buckets.empty() && side > 0 &&
+        (image.size(1) < side || image.size(2) < side)) {  // black, centred
       const int64_t top = (side - image.size(1)) / 2, left = (side - image.size(2)) / 2;
       image = at::constant_pad_nd(image, {left, side - image.size(2) - left, top, side - image.size(1) - top}, 0);
     }
@@ -353,7 +357,7 @@ void ShardLoader::restore_pending(const std::vector<int64_t>& pairs) {
       if (!std::binary_search(draws.begin(), draws.end(), k)) continue;
       Item item{raw.key, raw.shard, "", {}, c, k};
       try {
-        item.sample = decode_sample(raw, options_.spec);
+        item.sample = decode_sample(raw, options_.spec, draw_seed(cursor_.epoch, c, k));
       } catch (const std::exception& e) {
         item.error = e.what();
       }
@@ -477,6 +481,10 @@ Batch ShardLoader::next() {
     return batch;
   }
   std::rethrow_exception(error_);
+}
+
+uint64_t ShardLoader::draw_seed(int64_t epoch, int64_t stream, int64_t draw) const {
+  return splitmix64_mix(stream_seed(options_.seed, epoch, stream) ^ splitmix64_mix(static_cast<uint64_t>(draw)));
 }
 
 uint64_t ShardLoader::fingerprint() const {

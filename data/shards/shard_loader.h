@@ -86,6 +86,8 @@ class ShardLoader final : public BatchSource {
   std::vector<Item> gather_batch(const std::vector<int64_t>& lengths, int64_t& repeated);
   // A resumed run: re-reads the samples that waited in buckets at the save (start.pending).
   void restore_pending(const std::vector<int64_t>& pairs);
+  // The seed of a sample's random choices (a video clip's start): (run seed, epoch, stream, draw).
+  uint64_t draw_seed(int64_t epoch, int64_t stream, int64_t draw) const;
   Item take_item(int64_t epoch, int64_t stream);
   void on_damaged(const Item& item);
   Batch make_batch(std::vector<const DecodedSample*>& samples);

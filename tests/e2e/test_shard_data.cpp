@@ -8,6 +8,8 @@
 #include <fstream>
 #include <regex>
 
+#include <nlohmann/json.hpp>
+
 namespace fs = std::filesystem;
 using namespace flowtrain::test;
 
@@ -76,4 +78,25 @@ TEST(ShardData, PackInspectAndTrainFromShardsWithAnExactResume) {
   auto missing = train_tiny(base + "/missing", {"data.source=shards", "data.shards=" + base + "/nope-{0..3}.tar"});
   EXPECT_NE(missing.exit_code, 0);
   EXPECT_NE(missing.output.find("nope-0.tar does not exist"), std::string::npos) << missing.output;
+}
+
+TEST(ShardData, MakeMovingFashionWritesCaptionedVideoShards) {
+  REQUIRE_DATA();
+  const std::string dir = scratch_dir("moving_fashion") + "/mf";
+  auto made = run_flowtrain("data make-moving-fashion --fashion-mnist " + fashion_mnist_dir() + " --out " + dir +
+                            " --num 12 --frames 8 --max-count 5");
+  ASSERT_EQ(made.exit_code, 0) << made.output;
+  EXPECT_NE(made.output.find(dir + "/train-{000000..000002}.tar"), std::string::npos) << made.output;
+  auto inspect = run_flowtrain("data inspect " + dir + "/train-000000.tar");
+  ASSERT_EQ(inspect.exit_code, 0) << inspect.output;
+  EXPECT_NE(inspect.output.find("5 samples (5 .cls, 5 .json, 5 .mp4, 5 .txt)"), std::string::npos) << inspect.output;
+  // Captions name colour, class and direction, as the metadata does.
+  ASSERT_EQ(std::system(("tar -xOf " + dir + "/train-000000.tar clip-0000000.txt > " + dir + "/c.txt").c_str()), 0);
+  ASSERT_EQ(std::system(("tar -xOf " + dir + "/train-000000.tar clip-0000000.json > " + dir + "/c.json").c_str()), 0);
+  const std::string caption = read_file(dir + "/c.txt");
+  const auto meta = nlohmann::json::parse(read_file(dir + "/c.json"));
+  EXPECT_NE(caption.find(meta.at("color").get<std::string>() + " " + meta.at("class").get<std::string>() + " moving " +
+                         meta.at("direction").get<std::string>()),
+            std::string::npos)
+      << caption;
 }

@@ -96,7 +96,8 @@ TEST(ConfigTest, AllKeysListsEverySettingInFileOrder) {
       "model.in_channels", "model.num_classes", "model.class_dropout", "model.learn_sigma", "model.mlp_ratio",
       "flow.timesteps", "flow.logit_mean", "flow.logit_std", "flow.shift", "flow.resolution_shift",
       "data.source", "data.path", "data.batch_size", "data.workers", "data.prefetch", "data.shards",
-      "data.shard_list", "data.shard_index", "data.streams", "data.image_member", "data.buckets", "data.shuffle_buffer",
+      "data.shard_list", "data.shard_index", "data.streams", "data.image_member", "data.buckets", "data.video_frames", "data.video_fps",
+      "data.shuffle_buffer",
       "data.on_error", "data.max_skip_fraction", "data.record_keys", "data.fetch_retries", "data.fetch_timeout_s",
       "optim.lr", "optim.beta1", "optim.beta2", "optim.eps", "optim.weight_decay", "optim.warmup_steps",
       "optim.schedule", "optim.min_lr_ratio", "optim.grad_clip",
@@ -341,7 +342,7 @@ Config everything_changed() {
   c.model.vocab_size = 512;
   c.flow = {"uniform", -0.3, 0.7, 3.0, true};
   c.data = {"synthetic", "", 96, 0, 2, {"/d/a-{0..3}.tar", "pipe:cat /d/b.tar"}, "/d/list.txt", "/d/index.json",
-            8, "latent", {"56x56", "48x64"}, 64, "fail", 0.25, true, 2, 5.5};
+            8, "latent", {"56x56", "48x64"}, 16, 4.0, 64, "fail", 0.25, true, 2, 5.5};
   c.optim = {3e-4, 0.8, 0.95, 1e-6, 0.01, 50, "cosine", 0.1, 0.0};
   c.train = {12345, 3, "bf16", 0.999, false, 5, 2, false, "full", 2, false, "/tmp/init.safetensors"};
   c.sample = {0, 16, 20, "heun", 4.0, 99};

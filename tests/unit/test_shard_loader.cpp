@@ -7,6 +7,7 @@
 #include "data/shards/shard_list.h"
 #include "data/shards/shard_loader.h"
 #include "data/shards/tar.h"
+#include "data/video.h"
 #include "test_util.h"
 
 #include <gtest/gtest.h>
@@ -282,8 +283,8 @@ TEST(ShardLoader, ReadsShardsThroughPipeCommands) {
 
 TEST(ShardLoader, LatentMembersTrainAsInputsAndABadOneIsDamage) {
   const std::string dir = scratch_dir("shard_loader_latent");
-  // 13 samples of 4×4×4 latents (value = id) with a class; sample 5's latent is cut in half. A
-  // batch of 12 good samples then has to pass it, wherever the shuffle puts it.
+  // 13 samples of 4×4×4 latents (value = id) with a class; sample 5's latent is cut in half. With
+  // this seed it is drawn before the batch of 12 good ones fills (the skipped count checks it).
   {
     TarWriter w(dir + "/train-0.tar");
     for (int i = 0; i < 13; ++i) {
@@ -428,4 +429,63 @@ TEST(ShardLoader, ShutsDownPromptlyWhileAShardCommandStalls) {
   EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 5.0);
   // And the commands are gone (their process group was terminated).
   EXPECT_NE(std::system("pgrep -f 'sleep 60[01]' > /dev/null"), 0);
+}
+
+TEST(ShardLoader, VideoClipsStartAtSeededFramesAndADamagedClipIsSkipped) {
+  if (!video_supported()) {
+    if (flowtrain::test::in_ci()) FAIL() << "CI builds with FFmpeg (scripts/setup.sh)";
+    GTEST_SKIP() << "built without FFmpeg";
+  }
+  const std::string dir = scratch_dir("shard_loader_video");
+  // 2 shards of 4 clips of 12 frames, 8×8; frame t of clip i is filled with 20·i + t, so a
+  // decoded clip tells which clip and which frames it is. Clip 5's video is cut in half.
+  std::vector<std::string> entries;
+  std::vector<ShardIndexEntry> index;
+  for (int s = 0; s < 2; ++s) {
+    const std::string name = "train-" + std::to_string(s) + ".tar";
+    TarWriter w(dir + "/" + name);
+    for (int j = 0; j < 4; ++j) {
+      const int i = 4 * s + j;
+      const at::Tensor frames =
+          (at::arange(12, at::kLong) + 20 * i).to(at::kByte).view({12, 1, 1, 1}).expand({12, 8, 8, 3}).contiguous();
+      std::string mp4 = encode_video_lossless(frames, 8, 4);
+      if (i == 5) mp4.resize(mp4.size() / 2);
+      w.add("v" + std::to_string(i) + ".mp4", mp4);
+      w.add("v" + std::to_string(i) + ".cls", "0");
+    }
+    w.close();
+    entries.push_back(dir + "/" + name);
+    index.push_back({name, 4, w.bytes()});
+  }
+  write_shard_index(dir, index);
+  // 7 good clips of 8 make the batch; with this seed the damaged clip is drawn before the 7th
+  // good one (were the order to change, the skipped count below would say so).
+  auto o = options_for(entries, 2, 7);
+  o.spec.channels = 3;
+  o.spec.video_frames = 3;
+  o.spec.video_fps = 4;  // every 2nd frame of the 8 fps videos: a span of 5 frames
+  o.max_skip_fraction = 1.0;
+  const auto clips_of = [&](int workers) {
+    auto w = o;
+    w.workers = workers;
+    ShardLoader loader(w);
+    Batch b = loader.next();
+    EXPECT_EQ(b.state_after.skipped, 1);
+    return b;
+  };
+  const Batch a = clips_of(1), b = clips_of(2);
+  ASSERT_EQ(a.images.sizes(), (std::vector<int64_t>{7, 3, 3, 8, 8}));
+  EXPECT_TRUE(at::equal(a.images, b.images));  // the start frames do not depend on the workers
+  std::set<int64_t> starts;
+  for (int64_t r = 0; r < 7; ++r) {
+    const int clip = std::stoi(a.keys[static_cast<size_t>(r)].substr(1));
+    EXPECT_NE(clip, 5);
+    const at::Tensor values = ((a.images[r].select(1, 0).select(1, 0).select(1, 0) + 1) * 127.5).round().to(at::kLong);
+    const int64_t start = values[0].item<int64_t>() - 20 * clip;
+    EXPECT_GE(start, 0);
+    EXPECT_LE(start, 7);  // 12 frames, a span of 5
+    for (int64_t f = 0; f < 3; ++f) EXPECT_EQ(values[f].item<int64_t>(), 20 * clip + start + 2 * f) << clip;
+    starts.insert(start);
+  }
+  EXPECT_GT(starts.size(), 1u);  // drawn, not always the first frame
 }

@@ -355,6 +355,17 @@ int main(int argc, char** argv) {
   pack->add_option("--max-count", pack_options.max_count, "samples per shard")->capture_default_str();
   pack->add_option("--max-size", pack_options.max_size, "bytes per shard")->capture_default_str();
   pack->add_option("--limit", pack_options.limit, "only the first N samples (0: all)")->capture_default_str();
+  data::MovingFashionOptions moving;
+  auto* make_moving = data_cmd->add_subcommand(
+      "make-moving-fashion", "a synthetic video set as shards: a tinted garment moving left/right/up/down across a "
+                             "32×32 frame, captioned (\"a red sneaker moving left\"), lossless H.264");
+  make_moving->add_option("--out", moving.out_dir, "output directory")->required();
+  make_moving->add_option("--num", moving.num, "clips")->capture_default_str();
+  make_moving->add_option("--frames", moving.frames, "frames per clip")->capture_default_str();
+  make_moving->add_option("--fps", moving.fps, "frame rate")->capture_default_str();
+  make_moving->add_option("--seed", moving.seed, "seed")->capture_default_str();
+  make_moving->add_option("--max-count", moving.max_count, "clips per shard")->capture_default_str();
+  make_moving->add_option("--fashion-mnist", moving.fashion_dir, "Fashion-MNIST directory (default: Debian's)");
   std::vector<std::string> inspect_shards;
   bool inspect_summary = false;
   auto* data_inspect = data_cmd->add_subcommand(
@@ -471,6 +482,15 @@ int main(int argc, char** argv) {
       spdlog::info("packed {} samples into {} shards ({:.1f} MB) in {:.1f} s", r.samples, r.shards, r.bytes / 1e6,
                    std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
       std::printf("%s\n", r.pattern.c_str());  // for data.shards
+      return 0;
+    }
+    if (*make_moving) {
+      trainer::setup_logging("");
+      const auto t0 = std::chrono::steady_clock::now();
+      const data::PackResult r = data::make_moving_fashion(moving);
+      spdlog::info("wrote {} clips of {} frames into {} shards ({:.1f} MB) in {:.1f} s", r.samples, moving.frames,
+                   r.shards, r.bytes / 1e6, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+      std::printf("%s\n", r.pattern.c_str());
       return 0;
     }
     if (*data_inspect) return data::inspect_shards(inspect_shards, stdout, inspect_summary) == 0 ? 0 : 1;

@@ -259,6 +259,10 @@ std::vector<Section> build_schema() {
                   .add("buckets", &DataConfig::buckets, any(),
                        "shards: aspect-ratio buckets as HxW (pixels, or latent cells), e.g. [56x56, 48x64, 64x48]; "
                        "each batch is of one; images are scaled and centre-cropped to the nearest; flux only")
+                  .add("video_frames", &DataConfig::video_frames, at_least(0),
+                       "shards: .mp4 members decoded as clips of this many frames (0: no video)")
+                  .add("video_fps", &DataConfig::video_fps, at_least(0),
+                       "shards: clip frame rate: every round(source fps / this)-th frame (0: every frame)")
                   .add("shuffle_buffer", &DataConfig::shuffle_buffer, at_least(1), "shards: samples per stream's shuffle buffer")
                   .add("on_error", &DataConfig::on_error, one_of({"skip", "fail"}),
                        "shards: a damaged sample is skipped and counted, or stops the run")

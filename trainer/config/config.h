@@ -79,6 +79,8 @@ struct DataConfig {
   int64_t streams = 0;              // canonical streams; 0 = auto
   std::string image_member = "image";  // image (png/jpg) | latent (.latent.safetensors)
   std::vector<std::string> buckets;    // aspect-ratio buckets "HxW"; empty: one shape
+  int64_t video_frames = 0;            // .mp4 members: frames per clip (0: not video)
+  double video_fps = 0;                // clip frame rate (0: the video's own)
   int64_t shuffle_buffer = 256;     // per stream
   std::string on_error = "skip";    // skip | fail
   double max_skip_fraction = 0.01;
