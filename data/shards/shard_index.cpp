@@ -55,18 +55,34 @@ std::map<std::string, int64_t> read_shard_index(const std::string& entry, const 
 
 std::vector<int64_t> shard_sample_counts(const std::vector<std::string>& shards, const std::string& index_entry,
                                          int threads, const FetchOptions& options, int64_t* counted) {
-  std::map<std::string, int64_t> index;
-  if (!index_entry.empty()) {
-    index = read_shard_index(index_entry, options);
-  } else if (!shards.empty() && is_local_entry(shards[0])) {
-    const auto beside = std::filesystem::path(local_path_of(shards[0])).parent_path() / "index.json";
-    if (std::filesystem::exists(beside)) index = read_shard_index(beside.string(), options);
-  }
+  // An explicit index names shards by base name. Without one, each local shard is looked up in
+  // the index.json of its own directory: two packed sets both hold train-000000.tar, and one
+  // set's counts must not be taken for the other's.
+  std::map<std::string, int64_t> explicit_index;
+  if (!index_entry.empty()) explicit_index = read_shard_index(index_entry, options);
+  std::map<std::string, std::map<std::string, int64_t>> by_directory;
   std::vector<int64_t> counts(shards.size(), -1);
   std::vector<size_t> unindexed;
   for (size_t i = 0; i < shards.size(); ++i) {
-    const auto it = index.find(shard_basename(shards[i]));
-    if (it != index.end()) counts[i] = it->second;
+    const std::map<std::string, int64_t>* index = &explicit_index;
+    if (index_entry.empty()) {
+      if (!is_local_entry(shards[i])) {
+        unindexed.push_back(i);
+        continue;
+      }
+      const std::string dir = std::filesystem::path(local_path_of(shards[i])).parent_path().string();
+      auto it = by_directory.find(dir);
+      if (it == by_directory.end()) {
+        const auto beside = std::filesystem::path(dir) / "index.json";
+        it = by_directory
+                 .emplace(dir, std::filesystem::exists(beside) ? read_shard_index(beside.string(), options)
+                                                               : std::map<std::string, int64_t>{})
+                 .first;
+      }
+      index = &it->second;
+    }
+    const auto found = index->find(shard_basename(shards[i]));
+    if (found != index->end()) counts[i] = found->second;
     else unindexed.push_back(i);
   }
   if (counted) *counted = static_cast<int64_t>(unindexed.size());

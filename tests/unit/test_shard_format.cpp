@@ -221,6 +221,15 @@ TEST(ShardIndex, CountsFromTheIndexOrByReading) {
   write_shard_index(dir, {{"t-0.tar", 20, 1}, {"t-1.tar", 30, 1}});  // deliberately not the truth
   EXPECT_EQ(shard_sample_counts(shards, "", 1, {}, &counted), (std::vector<int64_t>{20, 30, 4}));
   EXPECT_EQ(counted, 1);
+  // Two packed sets with the same shard names: each shard's count comes from its own directory.
+  fs::create_directories(dir + "/other");
+  {
+    TarWriter w(dir + "/other/t-0.tar");
+    for (int i = 0; i < 7; ++i) w.add(std::to_string(i) + ".txt", "x");
+    w.close();
+  }
+  write_shard_index(dir + "/other", {{"t-0.tar", 7, 1}});
+  EXPECT_EQ(shard_sample_counts({dir + "/t-0.tar", dir + "/other/t-0.tar"}, "", 1), (std::vector<int64_t>{20, 7}));
   write_file(dir + "/bad.json", "{\"format\": \"other\"}");
   EXPECT_NE(data_error_message([&] { shard_sample_counts(shards, dir + "/bad.json", 1); }).find("format"),
             std::string::npos);
