@@ -3,6 +3,7 @@
 #include "data/data_error.h"
 #include "data/loader.h"
 #include "data/shards/buckets.h"
+#include "data/shards/byte_stream.h"
 #include "data/shards/shard_index.h"
 #include "data/shards/shard_list.h"
 #include "trainer/builders.h"
@@ -17,6 +18,30 @@
 #include <thread>
 
 namespace flowtrain::trainer {
+
+namespace {
+
+// Opens up to 8 remote entries (URLs, pipe: commands) spread over the list — the first, the
+// last and evenly between — so a wrong bucket, host or credential is one error naming the entry
+// before training starts rather than a run of damaged samples. (Local entries were all checked
+// to exist; every shard is fully checked when it is read.)
+void probe_remote_shards(const std::vector<std::string>& shards, const data::FetchOptions& fetch) {
+  std::vector<size_t> remote;
+  for (size_t i = 0; i < shards.size(); ++i)
+    if (!data::is_local_entry(shards[i])) remote.push_back(i);
+  if (remote.empty()) return;
+  const size_t probes = std::min<size_t>(8, remote.size());
+  for (size_t p = 0; p < probes; ++p) {
+    const size_t i = remote[probes == 1 ? 0 : p * (remote.size() - 1) / (probes - 1)];
+    auto stream = data::open_shard(shards[i], fetch);
+    char byte;
+    if (stream->read(&byte, 1) != 1)
+      throw data::DataError(fmt::format("shard {}: empty (a pipe: command that wrote nothing, or an empty object)",
+                                        shards[i]));
+  }
+}
+
+}  // namespace
 
 int64_t resolve_streams(const DataConfig& data, int64_t shards, int64_t dp_size, int64_t resumed_streams) {
   if (resumed_streams > 0) {
@@ -41,6 +66,7 @@ data::ShardLoaderOptions shard_loader_options(const Config& c, int64_t dp_rank, 
   o.fetch.connect_timeout_s = c.data.fetch_timeout_s;
   o.fetch.stall_timeout_s = c.data.fetch_timeout_s;
   o.shards = data::resolve_shard_list(c.data.shards, c.data.shard_list);
+  probe_remote_shards(o.shards, o.fetch);
   const auto t0 = std::chrono::steady_clock::now();
   int64_t counted = 0;
   const int threads = static_cast<int>(std::clamp<unsigned>(std::thread::hardware_concurrency(), 1, 16));

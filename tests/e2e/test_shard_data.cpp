@@ -74,6 +74,11 @@ TEST(ShardData, PackInspectAndTrainFromShardsWithAnExactResume) {
   EXPECT_NE(changed.output.find("differ from those of the checkpoint being resumed"), std::string::npos)
       << changed.output;
 
+  // A pipe: command that writes nothing (a wrong object key) is an error naming it, before training.
+  auto empty = train_tiny(base + "/empty", {"data.source=shards", "'data.shards=pipe:cat " + base + "/gone.tar 2>/dev/null'"});
+  EXPECT_NE(empty.exit_code, 0);
+  EXPECT_NE(empty.output.find("gone.tar 2>/dev/null: empty"), std::string::npos) << empty.output;
+
   // Bad input: a pattern matching no file is one error naming it, before training.
   auto missing = train_tiny(base + "/missing", {"data.source=shards", "data.shards=" + base + "/nope-{0..3}.tar"});
   EXPECT_NE(missing.exit_code, 0);
