@@ -103,7 +103,7 @@ data::ShardLoaderOptions shard_loader_options(const Config& c, int64_t dp_rank, 
   o.spec.video_frames = c.data.video_frames;
   o.spec.video_fps = c.data.video_fps;
   if (o.spec.video_frames > 0 && !c.data.buckets.empty())
-    throw ConfigError("'data.buckets' and 'data.video_frames' together are not supported yet");
+    throw ConfigError("'data.buckets' and 'data.video.frames' together are not supported yet");
   try {
     o.spec.buckets = data::parse_buckets(c.data.buckets);
   } catch (const data::DataError& e) {

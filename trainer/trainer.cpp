@@ -194,7 +194,7 @@ Trainer::Trainer(Config config, TrainerHooks hooks) : config_(std::move(config))
     data_lead_ = env_.rank == *std::min_element(group.begin(), group.end());
   }
   if (config_.data.video_frames > 0)
-    throw ConfigError("'data.video_frames' makes batches of clips [B, T, C, H, W], and no model.arch trains on video "
+    throw ConfigError("'data.video.frames' makes batches of clips [B, T, C, H, W], and no model.arch trains on video "
                       "yet (`flowtrain bench --data-only` measures the clip loader)");
   if (config_.data.source == "shards" && progress_.shards) progress_.loader = shard_start_state(*progress_.shards);
   loader_ = make_batch_source(config_, dataset_, dp_rank_, dp_size_, device_, progress_.loader);

@@ -96,7 +96,7 @@ TEST(ConfigTest, AllKeysListsEverySettingInFileOrder) {
       "model.in_channels", "model.num_classes", "model.class_dropout", "model.learn_sigma", "model.mlp_ratio",
       "flow.timesteps", "flow.logit_mean", "flow.logit_std", "flow.shift", "flow.resolution_shift",
       "data.source", "data.path", "data.batch_size", "data.workers", "data.prefetch", "data.shards",
-      "data.shard_list", "data.shard_index", "data.streams", "data.image_member", "data.buckets", "data.video_frames", "data.video_fps",
+      "data.shard_list", "data.shard_index", "data.streams", "data.image_member", "data.buckets", "data.video.frames", "data.video.fps",
       "data.shuffle_buffer",
       "data.on_error", "data.max_skip_fraction", "data.record_keys", "data.fetch_retries", "data.fetch_timeout_s",
       "optim.lr", "optim.beta1", "optim.beta2", "optim.eps", "optim.weight_decay", "optim.warmup_steps",
@@ -570,3 +570,13 @@ TEST(ConfigTest, FluxSizesReportTheirCostWithoutBuildingAndNeedTextData) {
 
 }  // namespace
 }  // namespace flowtrain::trainer
+
+TEST(ConfigTest, NestedMapsSpellDottedKeys) {
+  using namespace flowtrain::trainer;
+  // data.video.frames as a nested map in a file, as a dotted key in a file, and in --set.
+  EXPECT_EQ(parse_config("data:\n  video:\n    frames: 8\n    fps: 4\n", "cfg.yaml").data.video_frames, 8);
+  EXPECT_EQ(parse_config("data:\n  video.frames: 6\n", "cfg.yaml").data.video_frames, 6);
+  EXPECT_EQ(parse_config("", "cfg.yaml", {"data.video.fps=2.5"}).data.video_fps, 2.5);
+  EXPECT_EQ(parse_error("data:\n  video:\n    frame: 8\n"),
+            "cfg.yaml:3: unknown key 'data.video.frame' (did you mean 'data.video.frames'?)");
+}

@@ -259,9 +259,9 @@ std::vector<Section> build_schema() {
                   .add("buckets", &DataConfig::buckets, any(),
                        "shards: aspect-ratio buckets as HxW (pixels, or latent cells), e.g. [56x56, 48x64, 64x48]; "
                        "each batch is of one; images are scaled and centre-cropped to the nearest; flux only")
-                  .add("video_frames", &DataConfig::video_frames, at_least(0),
+                  .add("video.frames", &DataConfig::video_frames, at_least(0),
                        "shards: .mp4 members decoded as clips of this many frames (0: no video)")
-                  .add("video_fps", &DataConfig::video_fps, at_least(0),
+                  .add("video.fps", &DataConfig::video_fps, at_least(0),
                        "shards: clip frame rate: every round(source fps / this)-th frame (0: every frame)")
                   .add("shuffle_buffer", &DataConfig::shuffle_buffer, at_least(1), "shards: samples per stream's shuffle buffer")
                   .add("on_error", &DataConfig::on_error, one_of({"skip", "fail"}),
@@ -614,6 +614,17 @@ void convert(const YAML::Node& root, const std::string& origin,
       const std::string dotted = s->name + "." + key;
       auto ov = override_origins.find(dotted);
       const std::string where = ov != override_origins.end() ? ov->second : at_mark(origin, kv->first.Mark());
+      // A nested map spells dotted keys: `video: {frames: 8}` is `video.frames: 8`.
+      if (kv->second.IsMap() && !s->find(key)) {
+        for (auto sub = kv->second.begin(); sub != kv->second.end(); ++sub) {
+          const std::string nested = key + "." + sub->first.Scalar();
+          const std::string nested_where = at_mark(origin, sub->first.Mark());
+          const Field* f = s->find(nested);
+          if (!f) fail(nested_where, unknown_key_message(s->name, nested));
+          assign(*f, sub->second, config, nested_where);
+        }
+        continue;
+      }
       const Field* f = s->find(key);
       if (!f) fail(where, unknown_key_message(s->name, key));
       assign(*f, kv->second, config, where);
