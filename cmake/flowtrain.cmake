@@ -11,6 +11,18 @@ function(flowtrain_library name)
   flowtrain_target_defaults(flowtrain_${name})
 endfunction()
 
+# flowtrain_optional_dependency(TARGET FOUND LIBRARY DEFINE MISSING): with FOUND true, links
+# LIBRARY into TARGET and defines DEFINE=1 for it and its users; otherwise warns with MISSING
+# (what will be an error at run time, and the package that provides it).
+function(flowtrain_optional_dependency target found library define missing)
+  if(found)
+    target_link_libraries(${target} PUBLIC ${library})
+    target_compile_definitions(${target} PUBLIC ${define}=1)
+  else()
+    message(WARNING "${missing}")
+  endif()
+endfunction()
+
 # LibTorch's include directory carries its own fmt 12 headers, which would shadow Debian's fmt 9
 # that spdlog 1.10 is built against (spdlog does not compile with fmt 12). A shim directory with
 # only a `fmt` link to the system copy goes first on every include path, so all of flowtrain

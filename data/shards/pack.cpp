@@ -97,27 +97,30 @@ void pack_fashion_mnist(const PackOptions& o, ShardSink& sink) {
   }
 }
 
+// The member extension of an image file: "png" or "jpg" (for .jpg / .jpeg, any case); "" otherwise.
+std::string image_member_extension(const fs::path& file) {
+  std::string ext = file.extension().string();
+  std::transform(ext.begin(), ext.end(), ext.begin(), [](unsigned char c) { return std::tolower(c); });
+  if (ext == ".png") return "png";
+  if (ext == ".jpg" || ext == ".jpeg") return "jpg";
+  return "";
+}
+
 void pack_folder(const PackOptions& o, const std::string& dir, ShardSink& sink) {
   if (!fs::is_directory(dir)) throw DataError(fmt::format("data pack --from folder:{}: not a directory", dir));
   std::vector<fs::path> images;
-  for (const auto& e : fs::recursive_directory_iterator(dir)) {
-    if (!e.is_regular_file()) continue;
-    std::string ext = e.path().extension().string();
-    std::transform(ext.begin(), ext.end(), ext.begin(), [](unsigned char c) { return std::tolower(c); });
-    if (ext == ".png" || ext == ".jpg" || ext == ".jpeg") images.push_back(e.path());
-  }
+  for (const auto& e : fs::recursive_directory_iterator(dir))
+    if (e.is_regular_file() && !image_member_extension(e.path()).empty()) images.push_back(e.path());
   std::sort(images.begin(), images.end());
   if (images.empty()) throw DataError(fmt::format("data pack --from folder:{}: no .png or .jpg files", dir));
   const int64_t n = limited(static_cast<int64_t>(images.size()), o.limit);
   for (int64_t i = 0; i < n; ++i) {
     const fs::path& image = images[static_cast<size_t>(i)];
-    std::string ext = image.extension().string().substr(1);
-    std::transform(ext.begin(), ext.end(), ext.begin(), [](unsigned char c) { return std::tolower(c); });
     // The key: the path below the folder without its extension, dots made safe (a dot in a base
     // name would split it into a key and a different extension).
     std::string key = fs::relative(image, dir).replace_extension().string();
     std::replace(key.begin(), key.end(), '.', '_');
-    Members members{{ext == "jpeg" ? "jpg" : ext, read_file(image)}};
+    Members members{{image_member_extension(image), read_file(image)}};
     fs::path caption = image;
     caption.replace_extension(".txt");
     if (fs::exists(caption)) members.emplace_back("txt", read_file(caption));

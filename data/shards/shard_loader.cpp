@@ -4,7 +4,6 @@
 #include "data/splitmix64.h"
 #include "data/shards/shard_list.h"
 #include "data/shards/stream_plan.h"
-#include "data/shards/stream_reader.h"
 
 #include <c10/util/ParallelGuard.h>
 #include <fmt/format.h>
@@ -142,22 +141,13 @@ void ShardLoader::worker_loop(int64_t worker) {
         lock.unlock();
         for (int64_t c = options_.rank; c < options_.streams; c += options_.world) {
           if (worker_of_stream(c, options_.world, options_.workers) != worker) continue;
-          std::vector<std::string> entries;
-          std::vector<int64_t> counts;
-          for (int64_t s : shards[c]) {
-            entries.push_back(options_.shards[s]);
-            counts.push_back(options_.shard_samples[s]);
-          }
           {
             std::lock_guard<std::mutex> guard(mutex_);
             if (stopping_ || error_) return;
           }
           const int64_t start_count = epoch == start_.epoch ? start_.stream_counts[c] : 0;
           draws[c] = start_count;
-          owned.push_back({c, std::make_unique<StreamReader>(std::move(entries), std::move(counts),
-                                                             options_.shuffle_buffer,
-                                                             stream_seed(options_.seed, epoch, c), start_count,
-                                                             options_.fetch)});
+          owned.push_back({c, open_stream(shards, epoch, c, start_count)});
         }
       }
       for (;;) {
@@ -175,12 +165,7 @@ void ShardLoader::worker_loop(int64_t worker) {
           RawSample raw = reader->next();
           for (const auto& [ext, bytes] : raw.members) member_bytes_read_ += static_cast<int64_t>(bytes.size());
           for (const auto& w : reader->take_warnings()) options_.warn(w);
-          Item item{raw.key, raw.shard, "", {}};
-          try {
-            item.sample = decode_sample(raw, options_.spec, draw_seed(epoch, stream, draw));
-          } catch (const std::exception& e) {  // DataError, or a c10::Error from a malformed tensor
-            item.error = e.what();
-          }
+          Item item = make_item(raw, epoch, stream, draw);
           {
             std::lock_guard<std::mutex> lock(mutex_);
             if (assembling_epoch_ > epoch) break;  // the epoch ended while this sample was decoded
@@ -344,24 +329,11 @@ void ShardLoader::restore_pending(const std::vector<int64_t>& pairs) {
   const auto shards = plans_.at(cursor_.epoch);
   for (auto& [c, draws] : by_stream) {
     std::sort(draws.begin(), draws.end());
-    std::vector<std::string> entries;
-    std::vector<int64_t> counts;
-    for (int64_t s : shards[static_cast<size_t>(c)]) {
-      entries.push_back(options_.shards[static_cast<size_t>(s)]);
-      counts.push_back(options_.shard_samples[static_cast<size_t>(s)]);
-    }
-    StreamReader reader(std::move(entries), std::move(counts), options_.shuffle_buffer,
-                        stream_seed(options_.seed, cursor_.epoch, c), draws.front(), options_.fetch);
+    const auto reader = open_stream(shards, cursor_.epoch, c, draws.front());
     for (int64_t k = draws.front(); k <= draws.back(); ++k) {
-      RawSample raw = reader.next();
-      if (!std::binary_search(draws.begin(), draws.end(), k)) continue;
-      Item item{raw.key, raw.shard, "", {}, c, k};
-      try {
-        item.sample = decode_sample(raw, options_.spec, draw_seed(cursor_.epoch, c, k));
-      } catch (const std::exception& e) {
-        item.error = e.what();
-      }
-      read.emplace(std::make_pair(c, k), std::move(item));
+      const RawSample raw = reader->next();
+      if (std::binary_search(draws.begin(), draws.end(), k))
+        read.emplace(std::make_pair(c, k), make_item(raw, cursor_.epoch, c, k));
     }
   }
   for (const auto& origin : mine) {
@@ -481,6 +453,28 @@ Batch ShardLoader::next() {
     return batch;
   }
   std::rethrow_exception(error_);
+}
+
+std::unique_ptr<StreamReader> ShardLoader::open_stream(const std::vector<std::vector<int64_t>>& plan, int64_t epoch,
+                                                       int64_t stream, int64_t start) const {
+  std::vector<std::string> entries;
+  std::vector<int64_t> counts;
+  for (int64_t s : plan[static_cast<size_t>(stream)]) {
+    entries.push_back(options_.shards[static_cast<size_t>(s)]);
+    counts.push_back(options_.shard_samples[static_cast<size_t>(s)]);
+  }
+  return std::make_unique<StreamReader>(std::move(entries), std::move(counts), options_.shuffle_buffer,
+                                        stream_seed(options_.seed, epoch, stream), start, options_.fetch);
+}
+
+ShardLoader::Item ShardLoader::make_item(const RawSample& raw, int64_t epoch, int64_t stream, int64_t draw) const {
+  Item item{raw.key, raw.shard, "", {}, stream, draw};
+  try {
+    item.sample = decode_sample(raw, options_.spec, draw_seed(epoch, stream, draw));
+  } catch (const std::exception& e) {  // DataError, or a c10::Error from a malformed tensor
+    item.error = e.what();
+  }
+  return item;
 }
 
 uint64_t ShardLoader::draw_seed(int64_t epoch, int64_t stream, int64_t draw) const {

@@ -16,6 +16,7 @@
 #include "data/batch_source.h"
 #include "data/shards/byte_stream.h"
 #include "data/shards/sample_decoder.h"
+#include "data/shards/stream_reader.h"
 
 #include <atomic>
 #include <condition_variable>
@@ -86,6 +87,12 @@ class ShardLoader final : public BatchSource {
   std::vector<Item> gather_batch(const std::vector<int64_t>& lengths, int64_t& repeated);
   // A resumed run: re-reads the samples that waited in buckets at the save (start.pending).
   void restore_pending(const std::vector<int64_t>& pairs);
+  // Stream `stream` of `epoch` (its shards from `plan`, the epoch's stream_shards), after `start`
+  // draws.
+  std::unique_ptr<StreamReader> open_stream(const std::vector<std::vector<int64_t>>& plan, int64_t epoch,
+                                            int64_t stream, int64_t start) const;
+  // Draw `draw` of a stream, decoded, or carrying why it is damaged.
+  Item make_item(const RawSample& raw, int64_t epoch, int64_t stream, int64_t draw) const;
   // The seed of a sample's random choices (a video clip's start): (run seed, epoch, stream, draw).
   uint64_t draw_seed(int64_t epoch, int64_t stream, int64_t draw) const;
   Item take_item(int64_t epoch, int64_t stream);

@@ -78,14 +78,32 @@ std::vector<std::string> take_keys(BatchSource& loader, int batches, std::vector
   return keys;
 }
 
-// The states of all ranks merged as a resumed run does: each stream's count from its owner.
+// The states of all ranks merged as a resumed run does (Trainer::merged_shard_state): each
+// stream's count from its owner, every rank's samples waiting in buckets, rank by rank.
 LoaderState merge(const std::vector<LoaderState>& ranks) {
   LoaderState merged = ranks[0];
   const auto world = static_cast<int64_t>(ranks.size());
   for (size_t c = 0; c < merged.stream_counts.size(); ++c)
     merged.stream_counts[c] = ranks[static_cast<size_t>(static_cast<int64_t>(c) % world)].stream_counts[c];
+  merged.pending.clear();
+  for (const auto& r : ranks) merged.pending.insert(merged.pending.end(), r.pending.begin(), r.pending.end());
   merged.batches_left = -1;  // another world size: recomputed
   return merged;
+}
+
+// `steps` batches on each of 2 ranks: their keys appended to `seen`; their merged state.
+LoaderState two_ranks(const ShardLoaderOptions& o, int steps, std::vector<std::string>& seen) {
+  std::vector<LoaderState> states;
+  for (int rank = 0; rank < 2; ++rank) {
+    auto r = o;
+    r.rank = rank;
+    r.world = 2;
+    ShardLoader loader(r);
+    const auto keys = take_keys(loader, steps);
+    seen.insert(seen.end(), keys.begin(), keys.end());
+    states.push_back(loader.state());
+  }
+  return merge(states);
 }
 
 }  // namespace
@@ -146,17 +164,7 @@ TEST(ShardLoader, AWorldSizeChangeMidEpochSeesEverySampleExactlyOnce) {
   auto o = options_for(entries, 4, 8);
   // Two ranks, 3 steps of 4 samples each (24 samples), then one rank to the end of the epoch.
   std::vector<std::string> seen;
-  std::vector<LoaderState> states;
-  for (int rank = 0; rank < 2; ++rank) {
-    auto r = o;
-    r.rank = rank;
-    r.world = 2;
-    ShardLoader loader(r);
-    const auto keys = take_keys(loader, 3);
-    seen.insert(seen.end(), keys.begin(), keys.end());
-    states.push_back(loader.state());
-  }
-  ShardLoader single(o, merge(states));
+  ShardLoader single(o, two_ranks(o, 3, seen));
   EXPECT_EQ(single.state().batches_left, 7);  // 56 samples left, 8 a step
   const auto rest = take_keys(single, static_cast<int>(single.state().batches_left));
   seen.insert(seen.end(), rest.begin(), rest.end());
@@ -386,20 +394,7 @@ TEST(ShardLoader, BucketsMakeBatchesOfOneShapeAndResumeWithTheirWaitingSamples) 
   // Two ranks for 2 steps, then one rank: waiting samples move with their streams; none is
   // trained twice.
   std::vector<std::string> seen;
-  std::vector<LoaderState> states;
-  for (int rank = 0; rank < 2; ++rank) {
-    auto r = o;
-    r.rank = rank;
-    r.world = 2;
-    ShardLoader loader(r);
-    const auto keys = take_keys(loader, 2);
-    seen.insert(seen.end(), keys.begin(), keys.end());
-    states.push_back(loader.state());
-  }
-  LoaderState merged = merge(states);
-  merged.pending = states[0].pending;
-  merged.pending.insert(merged.pending.end(), states[1].pending.begin(), states[1].pending.end());
-  ShardLoader single(o, merged);
+  ShardLoader single(o, two_ranks(o, 2, seen));
   const int64_t left = single.state().batches_left;
   const auto rest = take_keys(single, static_cast<int>(left));
   seen.insert(seen.end(), rest.begin(), rest.end());
