@@ -39,7 +39,8 @@ struct LoaderState {
 };
 
 struct Batch {
-  at::Tensor images;  // float32 [b, C, H, W] in [−1, 1] (or latents), b = global_batch / world
+  at::Tensor images;  // float32 [b, C, H, W] in [−1, 1] (or latents), b = global_batch / world;
+                      // clips (data.video.frames): [b, T, C, H, W], frame-major as decoded
   at::Tensor labels;  // int64 [b]
   std::map<std::string, at::Tensor> fields;  // the data set's per-sample fields, rows of this batch
   std::vector<std::string> keys;             // shards: the samples' keys, in row order

@@ -329,4 +329,18 @@ std::vector<Composition> load_eval_prompts(const std::string& dir) {
   return items;
 }
 
+std::vector<std::string> load_eval_captions(const std::string& dir) {
+  const fs::path path = fs::path(dir) / "eval_prompts.jsonl";
+  const auto lines = read_lines(path);
+  std::vector<std::string> captions;
+  for (size_t i = 0; i < lines.size(); ++i) {
+    try {
+      captions.push_back(json::parse(lines[i]).at("caption").get<std::string>());
+    } catch (const json::exception& e) {
+      throw DataError(fmt::format("{}:{}: {}", path.string(), i + 1, e.what()));
+    }
+  }
+  return captions;
+}
+
 }  // namespace flowtrain::data

@@ -81,5 +81,9 @@ struct CompositionSet {
 CompositionSet load_compositions(const std::string& dir, const std::string& split);
 // Evaluation prompts alone (eval_prompts.jsonl).
 std::vector<Composition> load_eval_prompts(const std::string& dir);
+// The "caption" of every line of DIR/eval_prompts.jsonl, whatever else the line holds (the
+// compositions' objects, a moving-fashion clip's direction): the prompts sample grids are drawn
+// from. Throws DataError naming the file and line.
+std::vector<std::string> load_eval_captions(const std::string& dir);
 
 }  // namespace flowtrain::data

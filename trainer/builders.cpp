@@ -127,7 +127,9 @@ data::LoaderOptions loader_options(const Config& c, int64_t dp_rank, int64_t dp_
 
 double time_shift(const Config& c) {
   if (!c.flow.resolution_shift) return c.flow.shift;
-  const double tokens = std::pow(static_cast<double>(c.model.image_size / c.model.patch), 2);
+  // Every visual token counts: a clip's frames / patch_t times the tokens of one frame.
+  const double tokens = std::pow(static_cast<double>(c.model.image_size / c.model.patch), 2) *
+                        static_cast<double>(c.model.frames / c.model.patch_t);
   const double mu = 0.5 + (1.15 - 0.5) / (4096.0 - 256.0) * (tokens - 256.0);
   return std::exp(mu);
 }

@@ -104,6 +104,15 @@ data::ShardLoaderOptions shard_loader_options(const Config& c, int64_t dp_rank, 
   o.spec.video_fps = c.data.video_fps;
   if (o.spec.video_frames > 0 && !c.data.buckets.empty())
     throw ConfigError("'data.buckets' and 'data.video.frames' together are not supported yet");
+  // Clips train a video model frame for frame (no VAE here: a pixel frame is a latent frame).
+  if (o.spec.video_frames != (c.model.frames > 1 ? c.model.frames : 0))
+    throw ConfigError(o.spec.video_frames > 0
+                          ? fmt::format("'data.video.frames' is {} but 'model.frames' is {}: a video model (model.arch "
+                                        "flux) trains on clips of its own length",
+                                        o.spec.video_frames, c.model.frames)
+                          : fmt::format("'model.frames' is {} but the shards are read as images: set "
+                                        "'data.video.frames' {} to decode the .mp4 members as clips",
+                                        c.model.frames, c.model.frames));
   try {
     o.spec.buckets = data::parse_buckets(c.data.buckets);
   } catch (const data::DataError& e) {

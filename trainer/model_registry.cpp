@@ -22,12 +22,13 @@ void check_common(const ModelConfig& model) {
   // The patch embedding maps patch² × channels values to the hidden width. Narrower, it has a
   // null space: the noise there is never seen, so never removed, and stays in every sample (a
   // 147 → 128 map on 7×7 RGB patches left 19/147 of the noise: speckle over every canvas).
-  const int64_t patch_values = model.patch * model.patch * model.in_channels;
+  const int64_t patch_values = model.patch_t * model.patch * model.patch * model.in_channels;
   if (patch_values > hidden)
     throw ConfigError(fmt::format("{} is narrower than a patch's {} values ('model.patch' {}² × 'model.in_channels' {}): "
                                   "the model could never remove the noise in the other {} dimensions; use a wider "
-                                  "model.hidden or a smaller model.patch",
-                                  hidden_text, patch_values, model.patch, model.in_channels, patch_values - hidden));
+                                  "model.hidden or a smaller model.patch{}",
+                                  hidden_text, patch_values, model.patch, model.in_channels, patch_values - hidden,
+                                  model.patch_t > 1 ? fmt::format(" (values also × 'model.patch_t' {})", model.patch_t) : ""));
 }
 
 // ---- DiT ------------------------------------------------------------------------------------
@@ -44,6 +45,8 @@ ModelPreset dit_preset(const std::string& size) {
 
 void validate_dit(const ModelConfig& model) {
   check_common(model);
+  if (model.frames != 1 || model.patch_t != 1)
+    throw ConfigError("'model.frames' / 'model.patch_t' are for model.arch flux (video); DiT trains on images");
   if (model.resolved_hidden() % 4 != 0)
     throw ConfigError("'model.hidden' (" + std::to_string(model.resolved_hidden()) +
                       ") must be divisible by 4 (the 2-D sin-cos position table splits it in four)");
@@ -98,6 +101,9 @@ std::vector<int64_t> parse_axes(const std::string& text) {
 
 void validate_flux(const ModelConfig& model) {
   check_common(model);
+  if (model.frames % model.patch_t != 0)
+    throw ConfigError(fmt::format("'model.frames' ({}) must be a multiple of 'model.patch_t' ({})", model.frames,
+                                  model.patch_t));
   const models::FluxOptions o = flux_options(model);
   const int64_t sum = std::accumulate(o.axes_dim.begin(), o.axes_dim.end(), int64_t{0});
   if (sum != o.head_dim())
@@ -167,6 +173,8 @@ models::FluxOptions flux_options(const ModelConfig& m) {
   o.in_channels = m.in_channels;
   o.patch = m.patch;
   o.input_size = m.image_size;
+  o.frames = m.frames;
+  o.patch_t = m.patch_t;
   o.hidden = m.resolved_hidden();
   o.depth = m.resolved_depth();
   o.heads = m.resolved_heads();

@@ -29,11 +29,7 @@ void require_text_model(const Config& c) {
 
 std::string embeddings_path(const Config& c) { return (fs::path(c.data.path) / "text_embeddings.safetensors").string(); }
 
-std::vector<std::string> eval_prompt_captions(const Config& c) {
-  std::vector<std::string> captions;
-  for (const auto& p : data::load_eval_prompts(c.data.path)) captions.push_back(p.caption);
-  return captions;
-}
+std::vector<std::string> eval_prompt_captions(const Config& c) { return data::load_eval_captions(c.data.path); }
 
 }  // namespace
 

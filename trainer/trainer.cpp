@@ -13,6 +13,7 @@
 #include "trainer/model_registry.h"
 #include "trainer/ema.h"
 #include "trainer/eval/evaluate.h"
+#include "trainer/eval/motion_following.h"
 #include "trainer/eval/prompt_following.h"
 #include "trainer/checkpoint/file_util.h"
 #include "trainer/checkpoint/state_dict.h"
@@ -193,9 +194,6 @@ Trainer::Trainer(Config config, TrainerHooks hooks) : config_(std::move(config))
     const auto group = runtime_->mesh().context_group(env_.rank);
     data_lead_ = env_.rank == *std::min_element(group.begin(), group.end());
   }
-  if (config_.data.video_frames > 0)
-    throw ConfigError("'data.video.frames' makes batches of clips [B, T, C, H, W], and no model.arch trains on video "
-                      "yet (`flowtrain bench --data-only` measures the clip loader)");
   if (config_.data.source == "shards" && progress_.shards) progress_.loader = shard_start_state(*progress_.shards);
   loader_ = make_batch_source(config_, dataset_, dp_rank_, dp_size_, device_, progress_.loader);
   if (const auto* shards = dynamic_cast<const data::ShardLoader*>(loader_.get())) check_shard_fingerprint(*shards);
@@ -428,6 +426,8 @@ Trainer::StepResult Trainer::train_step() {
   StepResult r{at::zeros({}, at::TensorOptions().dtype(at::kFloat).device(device_)), {}, {}, seconds_since(t_data)};
   // From pinned memory on CUDA: asynchronous copies, ordered before the step's kernels on the stream.
   at::Tensor images = batch.images.to(device_, /*non_blocking=*/true);
+  // Clips arrive frame-major [B, T, C, H, W] (data/batch_source.h); a video model takes [B, C, T, H, W].
+  if (images.dim() == 5) images = images.permute({0, 2, 1, 3, 4}).contiguous();
   const models::Conditioning cond = conditioning_.of_batch(batch).to(device_, /*non_blocking=*/true);
   const int64_t micro = images.size(0) / accum;
   const int64_t first_row = dp_rank_ * images.size(0);  // this rank's rows of the global batch
@@ -572,8 +572,7 @@ void Trainer::write_samples() {
   if (lead()) {
     const std::string path =
         (fs::path(config_.run.out_dir) / "samples" / fmt::format("step-{:07d}.png", progress_.step)).string();
-    at::Tensor grid = sample_grid_image(samples, conditioning_.grid_columns);
-    data::write_png(path, grid);
+    const at::Tensor grid = write_sample_grid(path, samples, conditioning_.grid_columns);
     if (tensorboard_) tensorboard_->add_image("samples", grid, progress_.step);
     spdlog::info("samples {} ({} images, {} {} steps, cfg {}) in {:.1f} s", path, config_.sample.num,
                  config_.sample.sampler, config_.sample.steps, config_.sample.cfg_scale, seconds_since(t0));
@@ -610,6 +609,21 @@ void Trainer::evaluate() {
                  100 * p.scores.heldout_prompt_accuracy, 100 * p.prompt_accuracy_ceiling, 100 * p.scores.object_accuracy,
                  100 * p.scores.class_accuracy, 100 * p.scores.color_accuracy, 100 * p.scores.position_accuracy, p.fd,
                  p.fd_floor, seconds_since(t0));
+  } else if (lead() && judged_on_motion(config_)) {
+    const MotionFollowingReport m =
+        score_motion_following(samples, config_.data.path, config_.eval.classifier_dir, device_);
+    const std::map<std::string, double> values = {{"eval_prompt_accuracy", m.scores.prompt_accuracy},
+                                                  {"eval_class_accuracy", m.scores.class_accuracy},
+                                                  {"eval_color_accuracy", m.scores.color_accuracy},
+                                                  {"eval_direction_accuracy", m.scores.direction_accuracy},
+                                                  {"eval_temporal_consistency", m.scores.temporal_consistency}};
+    metrics_->write(progress_.step, values);
+    if (tensorboard_) tensorboard_->add_scalars(values, progress_.step);
+    spdlog::info("eval at step {} ({} prompts, {} weights): prompt accuracy {:.1f}% (judge's ceiling {:.1f}%) | "
+                 "class {:.1f}% | colour {:.1f}% | direction {:.1f}% | temporal consistency {:.1f}% | {:.1f} s",
+                 progress_.step, m.scores.num, state_->has_ema() ? "EMA" : "raw", 100 * m.scores.prompt_accuracy,
+                 100 * m.prompt_accuracy_ceiling, 100 * m.scores.class_accuracy, 100 * m.scores.color_accuracy,
+                 100 * m.scores.direction_accuracy, 100 * m.scores.temporal_consistency, seconds_since(t0));
   } else if (lead()) {
     QualityReport q = score_eval_samples(samples, state_->model(), config_, device_);
     const std::map<std::string, double> values = {{"eval_fd", q.fd},

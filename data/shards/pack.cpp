@@ -4,7 +4,9 @@
 #include "data/data_error.h"
 #include "data/fashion_mnist.h"
 #include "data/png.h"
+#include "data/safetensors.h"
 #include "data/splitmix64.h"
+#include "data/tokenizer.h"
 #include "data/video.h"
 #include "data/shards/shard_index.h"
 #include "data/shards/tar.h"
@@ -160,41 +162,122 @@ void check_pack_dir(const std::string& out_dir) {
 
 }  // namespace
 
+at::Tensor render_moving_clip(const at::Tensor& garment, int64_t color, int64_t direction, int64_t frames) {
+  // 28×28 -> 16×16 by area, then tinted: [16, 16, 3] float in [0, 255].
+  const at::Tensor small = at::adaptive_avg_pool2d(garment.to(at::kFloat).reshape({1, 28, 28}), {16, 16})[0];
+  const at::Tensor tinted = small.unsqueeze(2) * composition_colors()[color].view({1, 1, 3});
+  at::Tensor clip = at::zeros({frames, 32, 32, 3}, at::kFloat);
+  for (int64_t t = 0; t < frames; ++t) {
+    const auto [y, x] = moving_position(direction, t, frames);
+    clip[t].narrow(0, y, 16).narrow(1, x, 16).copy_(tinted);
+  }
+  return clip.round().clamp(0, 255).to(at::kByte);
+}
+
+const std::vector<std::string>& moving_direction_names() {
+  static const std::vector<std::string> names = {"left", "right", "up", "down"};
+  return names;
+}
+
+namespace {
+
+struct MovingItem {
+  int64_t source = 0, label = 0, color = 0, direction = 0;
+  std::string caption() const {
+    const std::string& color_name = composition_color_names()[static_cast<size_t>(color)];
+    return fmt::format("{} {} {} moving {}", color_name == "orange" ? "an" : "a", color_name,
+                       composition_class_names()[static_cast<size_t>(label)],
+                       moving_direction_names()[static_cast<size_t>(direction)]);
+  }
+  nlohmann::json json() const {
+    return {{"caption", caption()},
+            {"class", composition_class_names()[static_cast<size_t>(label)]},
+            {"class_id", label},
+            {"color", composition_color_names()[static_cast<size_t>(color)]},
+            {"direction", moving_direction_names()[static_cast<size_t>(direction)]},
+            {"source_index", source}};
+  }
+};
+
+MovingItem draw_moving_item(SplitMix64& rng, const ImageDataset& set) {
+  MovingItem item;
+  item.source = static_cast<int64_t>(rng.below(static_cast<uint64_t>(set.size())));
+  item.color = static_cast<int64_t>(rng.below(8));
+  item.direction = static_cast<int64_t>(rng.below(4));
+  item.label = set.labels[item.source].item<int64_t>();
+  return item;
+}
+
+void write_text_atomic(const fs::path& path, const std::string& text) {
+  const fs::path tmp = path.string() + ".tmp";
+  {
+    std::ofstream f(tmp, std::ios::binary);
+    f << text;
+    if (!f.flush()) throw DataError(fmt::format("{}: write failed", tmp.string()));
+  }
+  std::error_code ec;
+  fs::rename(tmp, path, ec);
+  if (ec) throw DataError(fmt::format("{}: rename failed: {}", path.string(), ec.message()));
+}
+
+}  // namespace
+
 PackResult make_moving_fashion(const MovingFashionOptions& o) {
-  if (o.num < 1 || o.frames < 2 || o.fps < 1)
-    throw DataError("make-moving-fashion: --num must be >= 1, --frames >= 2, --fps >= 1");
+  if (o.num < 1 || o.frames < 2 || o.fps < 1 || o.num_eval < 0)
+    throw DataError("make-moving-fashion: --num must be >= 1, --frames >= 2, --fps >= 1, --num-eval >= 0");
   check_pack_dir(o.out_dir);
-  const ImageDataset set = load_fashion_mnist(o.fashion_dir.empty() ? kFashionMnistDefaultDir : o.fashion_dir, "train");
-  const at::Tensor colors = composition_colors();  // [8, 3]
-  static const char* kDirections[] = {"left", "right", "up", "down"};
+  const std::string fashion_dir = o.fashion_dir.empty() ? kFashionMnistDefaultDir : o.fashion_dir;
+  const ImageDataset set = load_fashion_mnist(fashion_dir, "train");
+  const ImageDataset test = load_fashion_mnist(fashion_dir, "test");
+
+  // The evaluation set first (test-split garments, its own random stream: more training clips
+  // never change it), with the real clips the judge's ceiling is measured on; then the tokenizer
+  // of the training captions; the shards last, so index.json marks a finished set.
+  const fs::path dir(o.out_dir);
+  SplitMix64 eval_rng{splitmix64_mix(o.seed ^ 0x6576616cull)};
+  std::string eval_jsonl, eval_txt;
+  std::vector<at::Tensor> eval_clips;
+  for (int64_t i = 0; i < o.num_eval; ++i) {
+    const MovingItem item = draw_moving_item(eval_rng, test);
+    eval_jsonl += item.json().dump() + "\n";
+    eval_txt += item.caption() + "\n";
+    eval_clips.push_back(render_moving_clip(test.images[item.source], item.color, item.direction, o.frames));
+  }
+  std::vector<MovingItem> items;
+  std::vector<std::string> captions;
+  for (int64_t i = 0; i < o.num; ++i) {
+    SplitMix64 rng{o.seed * 0x9E3779B97F4A7C15ull + static_cast<uint64_t>(i) + 1};
+    items.push_back(draw_moving_item(rng, set));
+    captions.push_back(items.back().caption());
+  }
+  if (o.num_eval > 0) {
+    write_text_atomic(dir / "eval_prompts.jsonl", eval_jsonl);
+    write_text_atomic(dir / "eval_prompts.txt", eval_txt);
+    // uint8 [M, T, 32, 32, 3] -> [M, T, 3, 32, 32], the layout clips are judged in.
+    write_safetensors((dir / "eval_clips.safetensors").string(),
+                      {{"clips", at::stack(eval_clips).permute({0, 1, 4, 2, 3}).contiguous()}});
+  }
+  write_text_atomic(dir / "tokenizer.model", Tokenizer::train(captions, o.vocab_size));
+  const nlohmann::json manifest = {{"format", "flowtrain-moving-fashion"}, {"version", 1}, {"seed", o.seed},
+                                   {"num", o.num}, {"num_eval", o.num_eval}, {"frames", o.frames}, {"fps", o.fps},
+                                   {"fashion_mnist_dir", fs::absolute(fashion_dir).string()}};
+  write_text_atomic(dir / "manifest.json", manifest.dump(2) + "\n");
+
   PackOptions pack;
   pack.from = "moving-fashion";
   pack.out_dir = o.out_dir;
   pack.max_count = o.max_count;
   ShardSink sink(pack);
   for (int64_t i = 0; i < o.num; ++i) {
-    SplitMix64 rng{o.seed * 0x9E3779B97F4A7C15ull + static_cast<uint64_t>(i) + 1};
-    const auto source = static_cast<int64_t>(rng.below(static_cast<uint64_t>(set.size())));
-    const auto color = static_cast<int64_t>(rng.below(8));
-    const auto direction = static_cast<int64_t>(rng.below(4));
-    const int64_t label = set.labels[source].item<int64_t>();
-    // 28×28 -> 16×16 by area, then tinted: [16, 16, 3] float in [0, 255].
-    const at::Tensor small = at::adaptive_avg_pool2d(set.images[source].to(at::kFloat).unsqueeze(0), {16, 16})[0][0];
-    const at::Tensor tinted = small.unsqueeze(2) * colors[color].view({1, 1, 3});
-    at::Tensor frames = at::zeros({o.frames, 32, 32, 3}, at::kFloat);
-    for (int64_t t = 0; t < o.frames; ++t) {
-      const auto [y, x] = moving_position(direction, t, o.frames);
-      frames[t].narrow(0, y, 16).narrow(1, x, 16).copy_(tinted);
-    }
-    const std::string class_name = composition_class_names()[static_cast<size_t>(label)];
-    const std::string color_name = composition_color_names()[static_cast<size_t>(color)];
-    const nlohmann::json meta = {{"class", class_name}, {"class_id", label}, {"color", color_name},
-                                 {"direction", kDirections[direction]}, {"source_index", source}};
+    const MovingItem& item = items[static_cast<size_t>(i)];
+    nlohmann::json meta = item.json();
+    meta.erase("caption");
     sink.add(fmt::format("clip-{:07d}", i),
-             {{"mp4", encode_video_lossless(frames.round().clamp(0, 255).to(at::kByte), o.fps)},
-              {"txt", fmt::format("{} {} {} moving {}", color_name == "orange" ? "an" : "a", color_name, class_name,
-                                  kDirections[direction])},
-              {"cls", std::to_string(label)},
+             {{"mp4", encode_video_lossless(render_moving_clip(set.images[item.source], item.color, item.direction,
+                                                               o.frames),
+                                            o.fps)},
+              {"txt", item.caption()},
+              {"cls", std::to_string(item.label)},
               {"json", meta.dump()}});
   }
   return sink.finish();

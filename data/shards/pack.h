@@ -38,12 +38,26 @@ PackResult pack_shards(const PackOptions& options);
 // frame left, right, up or down across a black 32×32 frame. Members: `.mp4` (lossless H.264,
 // data/video.h), `.txt` ("a red sneaker moving left"), `.cls` (the garment's class), `.json`
 // ({"class", "class_id", "color", "direction", "source_index"}). A pure function of the options.
+// Beside the shards: `tokenizer.model` (SentencePiece BPE of the training captions, for the
+// built-in text encoder), `eval_prompts.jsonl` (one evaluation prompt a line: {"caption", "class",
+// "class_id", "color", "direction", "source_index"}, garments from the test split),
+// `eval_prompts.txt` (the captions) and `eval_clips.safetensors` ("clips": the real clips of those
+// prompts, uint8 [M, T, 3, 32, 32], for the judge's ceiling), `manifest.json` (the options and the
+// Fashion-MNIST directory the judge's classifier trains on).
 struct MovingFashionOptions {
   std::string fashion_dir;  // Fashion-MNIST IDX files ("" = Debian's)
   std::string out_dir;
   int64_t num = 2000, frames = 16, fps = 8, max_count = 500;
+  int64_t num_eval = 200;
+  int64_t vocab_size = 128;  // upper bound on the tokenizer's pieces
   uint64_t seed = 0;
 };
 PackResult make_moving_fashion(const MovingFashionOptions& options);
+
+// One moving-fashion clip: the 28×28 garment (uint8) shrunk to 16×16, tinted palette colour
+// `color`, moving one pixel a frame (at most 16 in all) in `direction` (0 left, 1 right, 2 up,
+// 3 down) across a black 32×32 frame: uint8 [frames, 32, 32, 3].
+at::Tensor render_moving_clip(const at::Tensor& garment, int64_t color, int64_t direction, int64_t frames);
+const std::vector<std::string>& moving_direction_names();  // left, right, up, down
 
 }  // namespace flowtrain::data

@@ -96,11 +96,33 @@ at::Tensor unpack_latents(const at::Tensor& tokens, int64_t C, int64_t p, int64_
   return tokens.reshape({B, h, w, C, p, p}).permute({0, 3, 1, 4, 2, 5}).reshape({B, C, h * p, w * p});
 }
 
+at::Tensor pack_video_latents(const at::Tensor& x, int64_t pt, int64_t p) {
+  const int64_t B = x.size(0), C = x.size(1), t = x.size(2) / pt, h = x.size(3) / p, w = x.size(4) / p;
+  // [B, C, t, pt, h, p, w, p] -> [B, t, h, w, C, pt, p, p] -> [B, t·h·w, C·pt·p·p]
+  return x.reshape({B, C, t, pt, h, p, w, p})
+      .permute({0, 2, 4, 6, 1, 3, 5, 7})
+      .reshape({B, t * h * w, C * pt * p * p});
+}
+
+at::Tensor unpack_video_latents(const at::Tensor& tokens, int64_t C, int64_t pt, int64_t p, int64_t t, int64_t h,
+                                int64_t w) {
+  const int64_t B = tokens.size(0);
+  return tokens.reshape({B, t, h, w, C, pt, p, p})
+      .permute({0, 4, 1, 5, 2, 6, 3, 7})
+      .reshape({B, C, t * pt, h * p, w * p});
+}
+
+at::Tensor video_ids(int64_t batch, int64_t t, int64_t h, int64_t w, const at::TensorOptions& options) {
+  const auto f32 = options.dtype(at::kFloat);
+  at::Tensor ids = at::zeros({t, h, w, 3}, f32);
+  ids.select(3, 0).add_(at::arange(t, f32).view({t, 1, 1}));
+  ids.select(3, 1).add_(at::arange(h, f32).view({1, h, 1}));
+  ids.select(3, 2).add_(at::arange(w, f32).view({1, 1, w}));
+  return ids.reshape({1, t * h * w, 3}).expand({batch, t * h * w, 3});
+}
+
 at::Tensor image_ids(int64_t batch, int64_t h, int64_t w, const at::TensorOptions& options) {
-  at::Tensor ids = at::zeros({h, w, 3}, options.dtype(at::kFloat));
-  ids.select(2, 1).add_(at::arange(h, options.dtype(at::kFloat)).unsqueeze(1));
-  ids.select(2, 2).add_(at::arange(w, options.dtype(at::kFloat)).unsqueeze(0));
-  return ids.reshape({1, h * w, 3}).expand({batch, h * w, 3});
+  return video_ids(batch, 1, h, w, options);
 }
 
 // ---- layers ----------------------------------------------------------------------------------
@@ -199,8 +221,10 @@ Tensors DoubleStreamBlockImpl::forward(const at::Tensor& img, const at::Tensor& 
   // Joint attention, text first: [txt, img] on the sequence.
   const at::Tensor attn = rope_attention(attention, at::cat({tq[0], iq[0]}, 2), at::cat({tq[1], iq[1]}, 2),
                                          at::cat({tq[2], iq[2]}, 2), angles);
-  const int64_t Lt = txt.size(1);
-  const at::Tensor txt_out = attn.narrow(1, 0, Lt), img_out = attn.narrow(1, Lt, img.size(1));
+  // split, not two narrows: its backward is one cat of the two gradients (a narrow's backward
+  // zero-fills a full-size buffer for each piece and then adds them).
+  const auto streams = attn.split_with_sizes({txt.size(1), img.size(1)}, 1);
+  const at::Tensor &txt_out = streams[0], &img_out = streams[1];
 
   at::Tensor i = gated_residual(img, im[2], linear_forward(img_attn->proj, img_out));
   i = gated_residual(i, im[5], mlp_forward(img_mlp, adaln_modulate(i, im[3], im[4])));
@@ -221,7 +245,8 @@ at::Tensor SingleStreamBlockImpl::forward(const at::Tensor& x, const at::Tensor&
   const auto mod = modulation->forward(vec);  // shift, scale, gate
   const int64_t D = x.size(2);
   const at::Tensor h = linear_forward(linear1, adaln_modulate(x, mod[0], mod[1]));
-  const at::Tensor qkv = h.narrow(2, 0, 3 * D), mlp = h.narrow(2, 3 * D, mlp_hidden);
+  const auto parts = h.split_with_sizes({3 * D, mlp_hidden}, 2);  // one cat in backward (see above)
+  const at::Tensor &qkv = parts[0], &mlp = parts[1];
   auto qkv_heads = split_heads(qkv, heads);
   auto [q, k] = norm->forward(qkv_heads[0], qkv_heads[1], qkv_heads[2]);
   const at::Tensor attn = rope_attention(attention, q, k, qkv_heads[2], angles);
@@ -246,6 +271,8 @@ FluxImpl::FluxImpl(const FluxOptions& o, AttentionFn attention) : options(o) {
   TORCH_CHECK(std::accumulate(o.axes_dim.begin(), o.axes_dim.end(), int64_t{0}) == o.head_dim(),
               "Flux: axes_dim must sum to the head dim ", o.head_dim());
   TORCH_CHECK(o.input_size % o.patch == 0, "Flux: input_size ", o.input_size, " not divisible by patch ", o.patch);
+  TORCH_CHECK(o.frames >= 1 && o.patch_t >= 1 && o.frames % o.patch_t == 0, "Flux: frames ", o.frames,
+              " not a positive multiple of patch_t ", o.patch_t);
   // Registration order = the reference's state_dict order.
   img_in = register_module("img_in", make_linear(o.token_dim(), o.hidden));
   time_in = register_module("time_in", MlpEmbedder(256, o.hidden));
@@ -326,28 +353,44 @@ at::Tensor FluxImpl::forward_tokens(const at::Tensor& img_tokens, const at::Tens
 }
 
 at::Tensor FluxImpl::forward(const at::Tensor& x, const at::Tensor& t, const Conditioning& cond) {
-  const int64_t B = x.size(0), h = x.size(2) / options.patch, w = x.size(3) / options.patch;
+  TORCH_CHECK(x.dim() == 4 || x.dim() == 5, "Flux: x must be images [B, C, H, W] or clips [B, C, T, H, W], got ",
+              x.sizes());
+  const bool video = x.dim() == 5;
+  const int64_t p = options.patch, pt = video ? options.patch_t : 1;
+  const int64_t B = x.size(0), gt = video ? x.size(2) / pt : 1, h = x.size(-2) / p, w = x.size(-1) / p;
+  TORCH_CHECK(!video || x.size(2) % pt == 0, "Flux: ", x.size(2), " frames are not a multiple of patch_t ", pt);
   const at::Tensor& txt = cond.at("txt");
   const at::Tensor txt_ids = at::zeros({B, txt.size(1), 3}, x.options().dtype(at::kFloat));
   const at::Tensor guidance = options.guidance_embed ? cond.at("guidance") : at::Tensor();
-  at::Tensor out = forward_tokens(pack_latents(x, options.patch), image_ids(B, h, w, x.options()), txt, txt_ids, t,
-                                  cond.at("vec"), guidance);
-  return unpack_latents(out, options.in_channels, options.patch, h, w);
+  const at::Tensor tokens = video ? pack_video_latents(x, pt, p) : pack_latents(x, p);
+  at::Tensor out =
+      forward_tokens(tokens, video_ids(B, gt, h, w, x.options()), txt, txt_ids, t, cond.at("vec"), guidance);
+  return video ? unpack_video_latents(out, options.in_channels, pt, p, gt, h, w)
+               : unpack_latents(out, options.in_channels, p, h, w);
 }
 
 std::vector<int64_t> FluxImpl::sample_shape() const {
+  if (options.is_video()) return {options.in_channels, options.frames, options.input_size, options.input_size};
   return {options.in_channels, options.input_size, options.input_size};
 }
 
 std::string FluxImpl::token_layout() const {
+  if (options.is_video())
+    return fmt::format("model.frames {} / model.patch_t {} × (model.image_size {} / model.patch {})² video + "
+                       "model.text_len {} text",
+                       options.frames, options.patch_t, options.input_size, options.patch, options.text_len);
   return fmt::format("(model.image_size {} / model.patch {})² image + model.text_len {} text", options.input_size,
                      options.patch, options.text_len);
 }
 
 std::string FluxImpl::describe() const {
-  return fmt::format("Flux {}+{} blocks hidden {} heads {} on {}×{}×{} latents ({} image + {} text tokens)",
-                     options.depth, options.depth_single, options.hidden, options.heads, options.in_channels,
-                     options.input_size, options.input_size, options.image_tokens(), options.text_len);
+  const std::string latents = options.is_video()
+                                  ? fmt::format("{}×{}×{}×{}", options.in_channels, options.frames, options.input_size,
+                                                options.input_size)
+                                  : fmt::format("{}×{}×{}", options.in_channels, options.input_size, options.input_size);
+  return fmt::format("Flux {}+{} blocks hidden {} heads {} on {} latents ({} {} + {} text tokens)", options.depth,
+                     options.depth_single, options.hidden, options.heads, latents, options.image_tokens(),
+                     options.is_video() ? "video" : "image", options.text_len);
 }
 
 ConditioningDropout FluxImpl::conditioning_dropout() const {

@@ -2,6 +2,8 @@
 // modules/layers.py, math.py), text-conditioned, trained here with flow matching.
 //
 //   x [B, C, H, W] ─ pack 2×2 ─ img_in ─▶ img [B, L_img, D]        ids (0, row, col)
+//   (video: x [B, C, T, H, W] ─ pack pt×p×p ─ img_in ─▶ [B, T/pt·H/p·W/p, D]   ids (t, row, col),
+//    as HunyuanVideo: the same blocks over 3-D ids; T = 1 is the image model bit for bit)
 //   cond.txt [B, L_txt, D_ctx] ─ txt_in ─▶ txt [B, L_txt, D]        ids (0, 0, 0)
 //   vec = time_in(temb(1000·t)) [+ guidance_in(temb(1000·g))] + vector_in(cond.vec)
 //   pe = RoPE(cat(txt_ids, img_ids)) on interleaved pairs, axes_dim split of the head dim
@@ -31,6 +33,8 @@ struct FluxOptions {
   int64_t in_channels = 16;   // latent channels C
   int64_t patch = 2;          // 2×2 packing: C·p² = 64 features per image token
   int64_t input_size = 64;    // latent side (H = W)
+  int64_t frames = 1;         // latent frames T: 1 = images [B, C, H, W]; > 1 = clips [B, C, T, H, W]
+  int64_t patch_t = 1;        // frames per token (HunyuanVideo, Wan: 1); divides frames
   int64_t hidden = 3072;
   int64_t heads = 24;
   int64_t depth = 19;         // double-stream blocks
@@ -45,9 +49,12 @@ struct FluxOptions {
   int64_t text_len = 512;       // text tokens per sample (counts and FLOPs; batches carry their own)
   double time_factor = 1000.0;  // t ∈ [0, 1] is multiplied by this before the sinusoidal features
 
-  int64_t token_dim() const { return in_channels * patch * patch; }
+  int64_t token_dim() const { return in_channels * patch_t * patch * patch; }
   int64_t grid() const { return input_size / patch; }
-  int64_t image_tokens() const { return grid() * grid(); }
+  int64_t grid_t() const { return frames / patch_t; }
+  bool is_video() const { return frames > 1; }
+  // Tokens of the visual stream (every frame's): the "image" stream of the reference's names.
+  int64_t image_tokens() const { return grid_t() * grid() * grid(); }
   int64_t head_dim() const { return hidden / heads; }
   int64_t mlp_hidden() const { return static_cast<int64_t>(hidden * mlp_ratio); }
 };
@@ -67,8 +74,15 @@ double flux_forward_flops_per_sample(const FluxOptions& o);
 // "b c (h ph) (w pw) -> b (h w) (c ph pw)" and its inverse.
 at::Tensor pack_latents(const at::Tensor& x, int64_t patch);
 at::Tensor unpack_latents(const at::Tensor& tokens, int64_t channels, int64_t patch, int64_t grid_h, int64_t grid_w);
+// Video: "b c (t pt) (h ph) (w pw) -> b (t h w) (c pt ph pw)" (frame-major tokens; a token's
+// values in the order of a Conv3d patch embedding's weight [D, C, pt, ph, pw]) and its inverse.
+at::Tensor pack_video_latents(const at::Tensor& x, int64_t patch_t, int64_t patch);
+at::Tensor unpack_video_latents(const at::Tensor& tokens, int64_t channels, int64_t patch_t, int64_t patch,
+                                int64_t grid_t, int64_t grid_h, int64_t grid_w);
 // Image ids [B, h·w, 3]: (0, row, col) per token, row-major, float.
 at::Tensor image_ids(int64_t batch, int64_t grid_h, int64_t grid_w, const at::TensorOptions& options);
+// Video ids [B, t·h·w, 3]: (frame, row, col) per token in pack_video_latents' order; t = 1 gives image_ids.
+at::Tensor video_ids(int64_t batch, int64_t grid_t, int64_t grid_h, int64_t grid_w, const at::TensorOptions& options);
 
 // x · rsqrt(mean(x²) + 1e-6) in (at least) fp32, back to the input's dtype, times the learnable `scale`.
 struct RmsNormImpl : torch::nn::Module {
@@ -156,8 +170,8 @@ TORCH_MODULE(FluxFinalLayer);
 struct FluxImpl : DiffusionModel {
   explicit FluxImpl(const FluxOptions& options, AttentionFn attention = default_attention());
 
-  // x [B, C, H, W] latents, t [B], cond {"txt" [B, L, context_dim], "vec" [B, vec_dim],
-  // "guidance" [B] when guidance_embed} -> velocity [B, C, H, W].
+  // x [B, C, H, W] latents (or clips [B, C, T, H, W]), t [B], cond {"txt" [B, L, context_dim],
+  // "vec" [B, vec_dim], "guidance" [B] when guidance_embed} -> velocity of x's shape.
   at::Tensor forward(const at::Tensor& x, const at::Tensor& t, const Conditioning& cond) override;
   // The reference's forward on packed tokens: img [B, Li, C·p²], img_ids [B, Li, 3], txt [B, Lt,
   // context_dim], txt_ids [B, Lt, 3], timesteps [B], y [B, vec_dim], guidance [B] (or undefined)

@@ -10,6 +10,7 @@
 #include "data/safetensors.h"
 #include "models/flux/flux.h"
 #include "models/text/text_to_image.h"
+#include "trainer/eval/motion_following.h"
 #include "trainer/eval/prompt_following.h"
 #include "trainer/run_conditioning.h"
 #include "trainer/telemetry/memory_stats.h"
@@ -364,6 +365,8 @@ int main(int argc, char** argv) {
   make_moving->add_option("--frames", moving.frames, "frames per clip")->capture_default_str();
   make_moving->add_option("--fps", moving.fps, "frame rate")->capture_default_str();
   make_moving->add_option("--seed", moving.seed, "seed")->capture_default_str();
+  make_moving->add_option("--num-eval", moving.num_eval, "evaluation prompts (test-split garments)")->capture_default_str();
+  make_moving->add_option("--vocab-size", moving.vocab_size, "tokenizer pieces (upper bound)")->capture_default_str();
   make_moving->add_option("--max-count", moving.max_count, "clips per shard")->capture_default_str();
   make_moving->add_option("--fashion-mnist", moving.fashion_dir, "Fashion-MNIST directory (default: Debian's)");
   std::vector<std::string> inspect_shards;
@@ -518,9 +521,12 @@ int main(int argc, char** argv) {
       trainer::Config c = eval_args.load();
       trainer::setup_logging("");
       trainer::configure_threads(c.train);
-      const std::string json = c.data.source == "compositions"
-                                   ? trainer::evaluate_prompt_following_checkpoint(c, eval_checkpoint, eval_num, eval_raw).to_json()
-                                   : trainer::evaluate_checkpoint(c, eval_checkpoint, eval_num, eval_raw).to_json();
+      const std::string json =
+          c.data.source == "compositions"
+              ? trainer::evaluate_prompt_following_checkpoint(c, eval_checkpoint, eval_num, eval_raw).to_json()
+          : trainer::judged_on_motion(c)
+              ? trainer::evaluate_motion_following_checkpoint(c, eval_checkpoint, eval_num, eval_raw).to_json()
+              : trainer::evaluate_checkpoint(c, eval_checkpoint, eval_num, eval_raw).to_json();
       std::printf("%s\n", json.c_str());
       return 0;
     }

@@ -217,6 +217,9 @@ std::vector<Section> build_schema() {
                        "flux: token ids of the built-in text encoder (>= the data set tokenizer's pieces)")
                   .add("patch", &ModelConfig::patch, at_least(1), "patch side; must divide image_size")
                   .add("image_size", &ModelConfig::image_size, at_least(1), "input side (pixels or latent cells)")
+                  .add("frames", &ModelConfig::frames, at_least(1),
+                       "flux: latent frames per sample; > 1 trains a video model on clips [C, T, H, W] (3-D ids)")
+                  .add("patch_t", &ModelConfig::patch_t, at_least(1), "flux video: frames per token; must divide frames")
                   .add("in_channels", &ModelConfig::in_channels, at_least(1), "input channels")
                   .add("num_classes", &ModelConfig::num_classes, at_least(1), "class labels (plus one null class)")
                   .add("class_dropout", &ModelConfig::class_dropout, range("[)", 0, 1),

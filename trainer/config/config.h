@@ -44,6 +44,8 @@ struct ModelConfig {
   int64_t vocab_size = 256;         // flux: built-in text encoder token ids
   int64_t patch = 2;            // 2 | 4 | 8 (any divisor of image_size is accepted)
   int64_t image_size = 32;      // input side (pixels or latent cells)
+  int64_t frames = 1;           // flux: latent frames per sample; > 1 trains on clips [C, T, H, W]
+  int64_t patch_t = 1;          // flux video: frames per token; must divide frames
   int64_t in_channels = 4;
   int64_t num_classes = 1000;
   double class_dropout = 0.1;   // probability a label is replaced by the null class in training

@@ -1,5 +1,6 @@
 #include "trainer/eval/evaluate.h"
 
+#include "trainer/eval/motion_following.h"
 #include "trainer/eval/prompt_following.h"
 
 #include "data/fashion_mnist.h"
@@ -77,6 +78,7 @@ at::Tensor class_matched_subset(const data::ImageDataset& dataset, int64_t n, ui
 
 void check_eval_config(const Config& c, const models::DiffusionModel& model) {
   if (c.data.source == "compositions") return check_prompt_following_config(c, model);
+  if (judged_on_motion(c)) return check_motion_following_config(c, model);
   const std::string where = c.source_path.empty() ? std::string("config") : c.source_path;
   auto fail = [&](const std::string& what) { throw ConfigError(where + ": " + what); };
   if (c.data.source != "fashion_mnist")

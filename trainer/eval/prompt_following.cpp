@@ -5,6 +5,7 @@
 #include "trainer/checkpoint/file_util.h"
 #include "trainer/eval/checkpoint_model.h"
 #include "trainer/eval/classifier_cache.h"
+#include "trainer/eval/data_set_manifest.h"
 #include "trainer/eval/evaluate.h"
 #include "trainer/eval/quality.h"
 #include "trainer/model_registry.h"
@@ -135,23 +136,6 @@ std::string PromptFollowingReport::to_json() const {
 }
 
 namespace {
-
-// One field of the data set's manifest.json; DataError naming the file when it cannot be read.
-template <typename T>
-T manifest_field(const std::string& data_dir, const char* key) {
-  const auto path = std::filesystem::path(data_dir) / "manifest.json";
-  std::ifstream f(path);
-  if (!f) throw data::DataError(fmt::format("{}: cannot open (not a compositions data set?)", path.string()));
-  try {
-    return nlohmann::json::parse(f).at(key).get<T>();
-  } catch (const nlohmann::json::exception& e) {
-    throw data::DataError(fmt::format("{}: no {} ({})", path.string(), key, e.what()));
-  }
-}
-
-std::string fashion_dir_of(const std::string& data_dir) {
-  return manifest_field<std::string>(data_dir, "fashion_mnist_dir");
-}
 
 // What the judge needs of the run, before any model is loaded.
 void check_judgeable_run(const Config& c) {

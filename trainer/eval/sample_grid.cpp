@@ -1,11 +1,14 @@
 #include "trainer/eval/sample_grid.h"
 
 #include "data/png.h"
+#include "data/video.h"
+#include "trainer/checkpoint/file_util.h"
 #include "trainer/builders.h"
 
 #include <ATen/CPUGeneratorImpl.h>
 
 #include <filesystem>
+#include <fmt/format.h>
 
 namespace flowtrain::trainer {
 
@@ -51,14 +54,39 @@ at::Tensor generate_samples(const models::VelocityFn& velocity, const models::Di
 }
 
 at::Tensor sample_grid_image(const at::Tensor& samples, int64_t columns) {
+  if (samples.dim() == 5) {  // clips [N, C, T, H, W]: one clip a row, its frames left to right
+    const int64_t N = samples.size(0), C = samples.size(1), T = samples.size(2);
+    const at::Tensor frames = samples.permute({0, 2, 1, 3, 4}).reshape({N * T, C, samples.size(3), samples.size(4)});
+    return data::make_image_grid(frames.to(at::kFloat), T, /*padding=*/2);
+  }
   const int64_t nrow = std::min<int64_t>(columns, samples.size(0));
   return data::make_image_grid(samples.to(at::kFloat), nrow, /*padding=*/2);
 }
 
-void write_sample_grid(const std::string& path, const at::Tensor& samples, int64_t columns) {
+std::vector<std::string> write_sample_videos(const std::string& grid_path, const at::Tensor& clips, int64_t fps) {
+  const std::filesystem::path grid(grid_path);
+  const std::filesystem::path dir = grid.parent_path() / grid.stem();
+  std::filesystem::create_directories(dir);
+  std::vector<std::string> written;
+  for (int64_t i = 0; i < clips.size(0); ++i) {
+    // [C, T, H, W] in [−1, 1] -> uint8 [T, H, W, 3]
+    const at::Tensor rgb = ((clips[i].to(at::kFloat).clamp(-1, 1) + 1) * 127.5).round().to(at::kByte);
+    at::Tensor frames = rgb.permute({1, 2, 3, 0});
+    if (frames.size(3) == 1) frames = frames.expand({-1, -1, -1, 3});
+    const std::string path = (dir / fmt::format("{:05d}.mp4", i)).string();
+    write_file_atomic(path, data::encode_video_lossless(frames.contiguous(), fps));
+    written.push_back(path);
+  }
+  return written;
+}
+
+at::Tensor write_sample_grid(const std::string& path, const at::Tensor& samples, int64_t columns) {
   const auto parent = std::filesystem::path(path).parent_path();
   if (!parent.empty()) std::filesystem::create_directories(parent);
-  data::write_png(path, sample_grid_image(samples, columns));
+  at::Tensor grid = sample_grid_image(samples, columns);
+  data::write_png(path, grid);
+  if (samples.dim() == 5 && data::video_supported()) write_sample_videos(path, samples, /*fps=*/8);
+  return grid;
 }
 
 }  // namespace flowtrain::trainer

@@ -42,8 +42,14 @@ at::Tensor generate_samples(const models::VelocityFn& velocity, const models::Di
                             int64_t first = 0, int64_t count = -1);
 
 // Lays samples out `columns` to a row (one class per column for class grids): uint8 [H, W] or [H, W, 3].
+// Clips [N, C, T, H, W] are laid out one a row, frame by frame (a frame strip; `columns` unused).
 at::Tensor sample_grid_image(const at::Tensor& samples, int64_t columns);
-// The same grid written as a PNG, atomically.
-void write_sample_grid(const std::string& path, const at::Tensor& samples, int64_t columns);
+// The same grid written as a PNG, atomically; for clips also one lossless MP4 per clip (8 fps)
+// in the directory beside it named after it (…/step-0001000.png -> …/step-0001000/00000.mp4),
+// where this build has FFmpeg. Returns the grid image.
+at::Tensor write_sample_grid(const std::string& path, const at::Tensor& samples, int64_t columns);
+// Clips [N, C, T, H, W] in [−1, 1] as DIR/00000.mp4 … (DIR: grid_path without its extension);
+// returns the paths.
+std::vector<std::string> write_sample_videos(const std::string& grid_path, const at::Tensor& clips, int64_t fps);
 
 }  // namespace flowtrain::trainer
