@@ -45,8 +45,6 @@ ModelPreset dit_preset(const std::string& size) {
 
 void validate_dit(const ModelConfig& model) {
   check_common(model);
-  if (model.frames != 1 || model.patch_t != 1)
-    throw ConfigError("'model.frames' / 'model.patch_t' are for model.arch flux (video); DiT trains on images");
   if (model.resolved_hidden() % 4 != 0)
     throw ConfigError("'model.hidden' (" + std::to_string(model.resolved_hidden()) +
                       ") must be divisible by 4 (the 2-D sin-cos position table splits it in four)");

@@ -93,7 +93,7 @@ TEST(ConfigTest, AllKeysListsEverySettingInFileOrder) {
       "model.arch", "model.size", "model.hidden", "model.depth", "model.heads", "model.depth_single",
       "model.context_dim", "model.vec_dim", "model.axes_dim", "model.theta", "model.text_len", "model.text_dropout",
       "model.text_encoder_layers", "model.text_encoder_heads", "model.vocab_size", "model.patch", "model.image_size",
-      "model.in_channels", "model.num_classes", "model.class_dropout", "model.learn_sigma", "model.mlp_ratio",
+      "model.frames", "model.patch_t", "model.in_channels", "model.num_classes", "model.class_dropout", "model.learn_sigma", "model.mlp_ratio",
       "flow.timesteps", "flow.logit_mean", "flow.logit_std", "flow.shift", "flow.resolution_shift",
       "data.source", "data.path", "data.batch_size", "data.workers", "data.prefetch", "data.shards",
       "data.shard_list", "data.shard_index", "data.streams", "data.image_member", "data.buckets", "data.video.frames", "data.video.fps",
@@ -325,6 +325,8 @@ Config everything_changed() {
   c.model.heads = 8;
   c.model.patch = 4;
   c.model.image_size = 28;
+  c.model.frames = 8;
+  c.model.patch_t = 2;
   c.model.in_channels = 1;
   c.model.num_classes = 10;
   c.model.class_dropout = 0.15;
