@@ -3,6 +3,7 @@
 // types, the 2×2 latent packing; the parameter counts of flux-dev / flux-schnell.
 #include "models/flux/flux.h"
 #include "models/flux/rope.h"
+#include "rope_reference.h"
 #include "test_util.h"
 #include "trainer/checkpoint/state_dict.h"
 
@@ -79,27 +80,7 @@ TEST(Flux, RopeRotatesInterleavedPairsByAxisFrequencies) {
   const at::Tensor x = at::randn({B, H, L, Dh}, at::kDouble);
   const at::Tensor ids = at::randint(0, 20, {B, L, 3}).to(at::kFloat);
   const at::Tensor got = apply_rope(x.to(at::kFloat), rope_angles(ids, axes, theta));
-  // float64 by the formula: pair i of axis a (channels 2i, 2i+1 of that axis' slice) rotates by
-  // id_a · θ^(−2i/axes[a]).
-  at::Tensor want = x.clone();
-  auto xa = x.accessor<double, 4>();
-  auto wa = want.accessor<double, 4>();
-  auto ia = ids.accessor<float, 3>();
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t h = 0; h < H; ++h)
-      for (int64_t l = 0; l < L; ++l) {
-        int64_t base = 0;
-        for (int64_t a = 0; a < 3; ++a) {
-          for (int64_t i = 0; i < axes[a] / 2; ++i) {
-            const double angle = ia[b][l][a] * std::pow(theta, -2.0 * i / double(axes[a]));
-            const int64_t c = base + 2 * i;
-            const double x0 = xa[b][h][l][c], x1 = xa[b][h][l][c + 1];
-            wa[b][h][l][c] = std::cos(angle) * x0 - std::sin(angle) * x1;
-            wa[b][h][l][c + 1] = std::sin(angle) * x0 + std::cos(angle) * x1;
-          }
-          base += axes[a];
-        }
-      }
+  const at::Tensor want = test::rope_float64(x, ids, axes, theta);
   // fp32: angles up to 19 rad carry ~19 · 2^-24 ≈ 1.1e-6 error, times |x| ≤ ~4, plus rounding.
   EXPECT_LT(max_abs(got, want), 2e-5);
   // Text ids (0, 0, 0) are the identity.

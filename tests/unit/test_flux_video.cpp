@@ -3,6 +3,7 @@
 // the image model bit for bit, the frame axis actually used, and FLOPs that count attention's T².
 #include "models/flux/flux.h"
 #include "models/flux/rope.h"
+#include "rope_reference.h"
 
 #include <gtest/gtest.h>
 #include <torch/nn/init.h>
@@ -69,24 +70,7 @@ TEST(FluxVideo, ThreeAxisRopeOnVideoIdsMatchesFloat64) {
   const int64_t L = ids.size(1);
   const at::Tensor x = at::randn({1, H, L, Dh}, at::kDouble);
   const at::Tensor got = apply_rope(x.to(at::kFloat), rope_angles(ids, axes, theta));
-  at::Tensor want = x.clone();
-  auto xa = x.accessor<double, 4>();
-  auto wa = want.accessor<double, 4>();
-  auto ia = ids.accessor<float, 3>();
-  for (int64_t h = 0; h < H; ++h)
-    for (int64_t l = 0; l < L; ++l) {
-      int64_t base = 0;
-      for (int64_t a = 0; a < 3; ++a) {
-        for (int64_t i = 0; i < axes[a] / 2; ++i) {
-          const double angle = ia[0][l][a] * std::pow(theta, -2.0 * i / double(axes[a]));
-          const int64_t c = base + 2 * i;
-          const double x0 = xa[0][h][l][c], x1 = xa[0][h][l][c + 1];
-          wa[0][h][l][c] = std::cos(angle) * x0 - std::sin(angle) * x1;
-          wa[0][h][l][c + 1] = std::sin(angle) * x0 + std::cos(angle) * x1;
-        }
-        base += axes[a];
-      }
-    }
+  const at::Tensor want = flowtrain::test::rope_float64(x, ids, axes, theta);
   // fp32 angles up to 3 rad carry ~3·2⁻²⁴ error, times |x| ≤ ~5, plus the rotation's rounding: < 1e-5.
   EXPECT_LT((got.to(at::kDouble) - want).abs().max().item<double>(), 1e-5);
   // Tokens of frame 0 leave the time slice unrotated; frame 2's rotate it.

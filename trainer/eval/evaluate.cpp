@@ -216,15 +216,29 @@ QualityReport score_eval_samples(const at::Tensor& samples, const models::Diffus
   return report;
 }
 
+CheckpointEvalSamples generate_checkpoint_eval_samples(const Config& config, const std::string& checkpoint_dir,
+                                                       int64_t num_override, bool raw, const EvalConfigCheck& check) {
+  CheckpointEvalSamples out;
+  out.config = config;
+  Config& c = out.config;
+  if (num_override > 0) c.eval.num = num_override;
+  out.device = select_device(c.run);
+  const CheckpointModel loaded = load_checkpoint_model(c, checkpoint_dir, raw, out.device);
+  check(c, *loaded.model);
+  spdlog::info("eval: {} weights of {} (step {}), {} samples ({} {} steps, cfg {}, seed {})",
+               loaded.ema ? "EMA" : "raw", checkpoint_dir, loaded.step, c.eval.num, c.eval.sampler, c.eval.steps,
+               c.eval.cfg_scale, c.eval.seed);
+  out.samples = generate_eval_samples(*loaded.model, loaded.conditioning.of_eval_rows, c, out.device);
+  out.report_path = loaded.report_path;
+  out.model = loaded.model;
+  return out;
+}
+
 QualityReport evaluate_checkpoint(const Config& config, const std::string& checkpoint_dir, int64_t num_override,
                                   bool raw) {
-  Config c = config;
-  if (num_override > 0) c.eval.num = num_override;
-  const c10::Device device = select_device(c.run);
-  const CheckpointModel loaded = load_checkpoint_model(c, checkpoint_dir, raw, device);
-  spdlog::info("eval: {} weights of {} (step {})", loaded.ema ? "EMA" : "raw", checkpoint_dir, loaded.step);
-  QualityReport report = evaluate_model(*loaded.model, loaded.conditioning.of_eval_rows, c, device);
-  write_file_atomic(loaded.report_path, report.to_json() + "\n");
+  const CheckpointEvalSamples e = generate_checkpoint_eval_samples(config, checkpoint_dir, num_override, raw, check_eval_config);
+  QualityReport report = score_eval_samples(e.samples, *e.model, e.config, e.device);
+  write_file_atomic(e.report_path, report.to_json() + "\n");
   return report;
 }
 

@@ -26,6 +26,8 @@
 #include <c10/core/Device.h>
 
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <string>
 
 namespace flowtrain::trainer {
@@ -77,6 +79,21 @@ at::Tensor generate_eval_samples(const models::VelocityFn& velocity, const model
 // autocast when train.precision is bf16, as training's evaluations).
 at::Tensor generate_eval_samples(models::DiffusionModel& model, const RowConditioning& conditioning, const Config& config,
                                  const c10::Device& device);
+
+// What a judge of a checkpoint scores: the checkpoint's model built from config.model with its EMA
+// weights (raw when it has none or `raw` is set), on run.device, checked by `check` (a ConfigError
+// naming the key when it cannot be judged), then eval.num (num_override > 0: that many) samples
+// of its evaluation rows. The judge writes its report to report_path.
+struct CheckpointEvalSamples {
+  Config config;  // eval.num as used
+  c10::Device device = c10::Device(c10::kCPU);
+  std::shared_ptr<models::DiffusionModel> model;  // in eval mode, on the device
+  at::Tensor samples;  // generate_eval_samples' uint8 samples
+  std::string report_path;
+};
+using EvalConfigCheck = std::function<void(const Config&, const models::DiffusionModel&)>;
+CheckpointEvalSamples generate_checkpoint_eval_samples(const Config& config, const std::string& checkpoint_dir,
+                                                       int64_t num_override, bool raw, const EvalConfigCheck& check);
 
 // The metrics of eval.num samples from generate_eval_samples (checks the config as
 // evaluate_model does).

@@ -293,17 +293,11 @@ void check_motion_following_config(const Config& c, const models::DiffusionModel
 
 MotionFollowingReport evaluate_motion_following_checkpoint(const Config& config, const std::string& checkpoint_dir,
                                                            int64_t num_override, bool raw) {
-  Config c = config;
-  if (num_override > 0) c.eval.num = num_override;
-  const c10::Device device = select_device(c.run);
-  const CheckpointModel loaded = load_checkpoint_model(c, checkpoint_dir, raw, device);
-  check_motion_following_config(c, *loaded.model);
-  spdlog::info("eval: {} weights of {} (step {}), {} prompts ({} {} steps, cfg {}, seed {})",
-               loaded.ema ? "EMA" : "raw", checkpoint_dir, loaded.step, c.eval.num, c.eval.sampler, c.eval.steps,
-               c.eval.cfg_scale, c.eval.seed);
-  const at::Tensor samples = generate_eval_samples(*loaded.model, loaded.conditioning.of_eval_rows, c, device);
-  MotionFollowingReport report = score_motion_following(samples, c.data.path, c.eval.classifier_dir, device);
-  write_file_atomic(loaded.report_path, report.to_json() + "\n");
+  const CheckpointEvalSamples e =
+      generate_checkpoint_eval_samples(config, checkpoint_dir, num_override, raw, check_motion_following_config);
+  MotionFollowingReport report =
+      score_motion_following(e.samples, e.config.data.path, e.config.eval.classifier_dir, e.device);
+  write_file_atomic(e.report_path, report.to_json() + "\n");
   return report;
 }
 

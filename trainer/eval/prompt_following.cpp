@@ -231,16 +231,11 @@ PromptFollowingReport evaluate_prompt_following_checkpoint(const Config& config,
                                                            int64_t num_override, bool raw) {
   Config c = config;
   if (num_override > 0) c.eval.num = num_override;
-  check_judgeable_run(c);
-  const c10::Device device = select_device(c.run);
-  const CheckpointModel loaded = load_checkpoint_model(c, checkpoint_dir, raw, device);
-  check_prompt_following_config(c, *loaded.model);
-  spdlog::info("eval: {} weights of {} (step {}), {} prompts ({} {} steps, cfg {}, seed {})",
-               loaded.ema ? "EMA" : "raw", checkpoint_dir, loaded.step, c.eval.num, c.eval.sampler, c.eval.steps,
-               c.eval.cfg_scale, c.eval.seed);
-  const at::Tensor samples = generate_eval_samples(*loaded.model, loaded.conditioning.of_eval_rows, c, device);
-  PromptFollowingReport report = score_prompt_following(samples, c.data.path, c.eval.classifier_dir, device);
-  write_file_atomic(loaded.report_path, report.to_json() + "\n");
+  check_judgeable_run(c);  // before a model is loaded
+  const CheckpointEvalSamples e =
+      generate_checkpoint_eval_samples(c, checkpoint_dir, 0, raw, check_prompt_following_config);
+  PromptFollowingReport report = score_prompt_following(e.samples, c.data.path, c.eval.classifier_dir, e.device);
+  write_file_atomic(e.report_path, report.to_json() + "\n");
   return report;
 }
 
