@@ -164,12 +164,13 @@ void check_pack_dir(const std::string& out_dir) {
 
 at::Tensor render_moving_clip(const at::Tensor& garment, int64_t color, int64_t direction, int64_t frames) {
   // 28×28 -> 16×16 by area, then tinted: [16, 16, 3] float in [0, 255].
-  const at::Tensor small = at::adaptive_avg_pool2d(garment.to(at::kFloat).reshape({1, 28, 28}), {16, 16})[0];
+  const int64_t side = kMovingGarmentSide;
+  const at::Tensor small = at::adaptive_avg_pool2d(garment.to(at::kFloat).reshape({1, 28, 28}), {side, side})[0];
   const at::Tensor tinted = small.unsqueeze(2) * composition_colors()[color].view({1, 1, 3});
   at::Tensor clip = at::zeros({frames, 32, 32, 3}, at::kFloat);
   for (int64_t t = 0; t < frames; ++t) {
     const auto [y, x] = moving_position(direction, t, frames);
-    clip[t].narrow(0, y, 16).narrow(1, x, 16).copy_(tinted);
+    clip[t].narrow(0, y, side).narrow(1, x, side).copy_(tinted);
   }
   return clip.round().clamp(0, 255).to(at::kByte);
 }

@@ -54,6 +54,9 @@ struct MovingFashionOptions {
 };
 PackResult make_moving_fashion(const MovingFashionOptions& options);
 
+// The side a moving-fashion garment is drawn at (the motion judge crops windows of it).
+inline constexpr int64_t kMovingGarmentSide = 16;
+
 // One moving-fashion clip: the 28×28 garment (uint8) shrunk to 16×16, tinted palette colour
 // `color`, moving one pixel a frame (at most 16 in all) in `direction` (0 left, 1 right, 2 up,
 // 3 down) across a black 32×32 frame: uint8 [frames, 32, 32, 3].

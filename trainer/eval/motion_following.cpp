@@ -28,7 +28,7 @@ namespace flowtrain::trainer {
 
 namespace {
 
-constexpr int64_t kGarmentSide = 16;  // make_moving_fashion draws a 28×28 garment shrunk to 16×16
+constexpr int64_t kGarmentSide = data::kMovingGarmentSide;  // the side make_moving_fashion draws garments at
 constexpr int64_t kClassifierSide = 28;
 
 // Least-squares slope of v over the frame indices t (at least two points).
