@@ -17,6 +17,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <mutex>
+#include <stdexcept>
 
 namespace flowtrain::parallel {
 
@@ -193,6 +194,10 @@ class C10dRuntime : public Runtime {
     shard_ = make_group("shard", mesh_.shard_group(env_.rank), timeout);
     replicate_ = make_group("replicate", mesh_.replicate_group(env_.rank), timeout);
     context_ = make_group("context", mesh_.context_group(env_.rank), timeout);
+    if (hybrid_context()) {
+      context_ulysses_ = make_group("context_ulysses", mesh_.context_ulysses_group(env_.rank), timeout);
+      context_ring_ = make_group("context_ring", mesh_.context_ring_group(env_.rank), timeout);
+    }
     checkpoint_ = make_group("checkpoint", all_ranks(), timeout, /*gloo=*/true);
   }
 
@@ -204,12 +209,16 @@ class C10dRuntime : public Runtime {
   Comm& shard_group() override { return *shard_; }
   Comm& replicate_group() override { return *replicate_; }
   Comm& context_group() override { return *context_; }
+  Comm& context_ulysses_group() override { return hybrid_part(context_ulysses_); }
+  Comm& context_ring_group() override { return hybrid_part(context_ring_); }
   Comm& checkpoint_group() override { return *checkpoint_; }
   void shutdown() override {
     watchdog_.reset();  // stop polling before the communicators go
     for (auto& b : nccl_backends_) detail::shutdown_nccl_backend(b);
     nccl_backends_.clear();
     checkpoint_.reset();
+    context_ring_.reset();
+    context_ulysses_.reset();
     context_.reset();
     replicate_.reset();
     shard_.reset();
@@ -217,6 +226,12 @@ class C10dRuntime : public Runtime {
   }
 
  private:
+  bool hybrid_context() const { return mesh_.shape().cp_ulysses > 1 && mesh_.shape().cp_ulysses < mesh_.shape().cp; }
+  Comm& hybrid_part(const std::unique_ptr<Comm>& group) const {
+    if (!group) throw std::logic_error("no hybrid context-parallel groups: the mesh has cp_ulysses 1 or = cp");
+    return *group;
+  }
+
   std::vector<int64_t> all_ranks() const {
     std::vector<int64_t> r(env_.world);
     for (int64_t i = 0; i < env_.world; ++i) r[i] = i;
@@ -300,7 +315,7 @@ class C10dRuntime : public Runtime {
   // NCCL only. Stopped first at shutdown (the groups, released right after, issue nothing more);
   // declared before the groups, so destroyed after them otherwise.
   std::unique_ptr<CollectiveWatchdog> watchdog_;
-  std::unique_ptr<Comm> world_, shard_, replicate_, context_, checkpoint_;
+  std::unique_ptr<Comm> world_, shard_, replicate_, context_, context_ulysses_, context_ring_, checkpoint_;
 };
 
 }  // namespace

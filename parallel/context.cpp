@@ -1,6 +1,6 @@
-// The sequence split of context parallelism (split_sequence / gather_sequence) and the choice of
-// attention (context_attention). Ulysses and ring attention live in context_ulysses.cpp and
-// context_ring.cpp.
+// The sequence split of context parallelism (split_sequence / gather_sequence), the hybrid of the
+// two attentions and the choice among them (context_attention). Ulysses and ring attention live
+// in context_ulysses.cpp and context_ring.cpp.
 #include "parallel/context.h"
 
 #include <ATen/record_function.h>
@@ -54,19 +54,34 @@ at::Tensor gather_sequence(const at::Tensor& x, Comm& group, int64_t dim) {
   return GatherSequenceFn::apply(x, &group, dim);
 }
 
-LocalAttention context_attention(const std::string& kind, Comm& group, LocalAttention local) {
-  if (kind != "ulysses" && kind != "ring")
-    throw std::invalid_argument(fmt::format("unknown context-parallel attention '{}' (ulysses | ring)", kind));
-  // The group's first operation must be a collective of all its members: NCCL creates the
-  // group's communicator there, which the ring's grouped send/recv then use (a first P2P
-  // operation would set up per-pair communicators, each waiting for its peer: a cycle).
+at::Tensor hybrid_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, Comm& ulysses, Comm& ring) {
+  return ulysses_attention(q, k, v, ulysses, [&ring](const at::Tensor& qh, const at::Tensor& kh, const at::Tensor& vh) {
+    return ring_attention(qh, kh, vh, ring);
+  });
+}
+
+LocalAttention context_attention(const std::string& kind, Runtime& runtime, LocalAttention local) {
+  if (kind != "ulysses" && kind != "ring" && kind != "hybrid")
+    throw std::invalid_argument(fmt::format("unknown context-parallel attention '{}' (ulysses | ring | hybrid)", kind));
+  // A group's first operation must be a collective of all its members: NCCL creates the group's
+  // communicator there, which the ring's grouped send/recv then use (a first P2P operation would
+  // set up per-pair communicators, each waiting for its peer: a cycle).
+  Comm& group = runtime.context_group();
   group.barrier();
   if (kind == "ulysses")
     return [&group, local = std::move(local)](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
       return ulysses_attention(q, k, v, group, local);
     };
-  return [&group](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
-    return ring_attention(q, k, v, group);
+  if (kind == "ring")
+    return [&group](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+      return ring_attention(q, k, v, group);
+    };
+  Comm& ulysses = runtime.context_ulysses_group();
+  Comm& ring = runtime.context_ring_group();
+  ulysses.barrier();
+  ring.barrier();
+  return [&ulysses, &ring](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+    return hybrid_attention(q, k, v, ulysses, ring);
   };
 }
 

@@ -11,12 +11,18 @@
 //    re-walks the ring with the final output and log-sum-exp; dK/dV accumulate as they travel and
 //    arrive back at their owner. No head constraint; memory per step is one chunk pair (plus the
 //    block's scores where no flash kernel is used: see context_ring.cpp).
+//  • Hybrid (USP, Fang & Zhao 2024): cp = U × R. An all-to-all among U adjacent ranks turns
+//    [B, H, N/cp, Dh] into [B, H/U, N/R, Dh] (the U chunks of that run are contiguous, so this is
+//    ring chunk j), then ring attention over the R ranks holding the same head group, then the
+//    all-to-all back. Ulysses' cheap all-to-all stays on fast links, the ring's hops cross the
+//    slow level, and the head constraint is only heads % U == 0.
 //
 // Every function here is differentiable (autograd Functions whose backward is the adjoint
 // communication) and exact: the result equals the unsplit computation up to summation order.
 #pragma once
 
 #include "parallel/comm.h"
+#include "parallel/runtime.h"
 
 #include <ATen/ATen.h>
 
@@ -38,9 +44,14 @@ enum class RingKernel { Auto, Math, CpuFlash };
 at::Tensor ring_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, Comm& group,
                           RingKernel kernel = RingKernel::Auto);
 
-// "ulysses" | "ring" as an attention function bound to `group` (config: parallel.cp_attention).
-// Throws std::invalid_argument for another name.
-LocalAttention context_attention(const std::string& kind, Comm& group, LocalAttention local);
+// Ulysses over `ulysses` (U members) around ring attention over `ring` (R members): this rank's
+// [B, H, N/(U·R), Dh] tokens in, the same rows of the whole sequence's attention out.
+at::Tensor hybrid_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, Comm& ulysses, Comm& ring);
+
+// "ulysses" | "ring" | "hybrid" as an attention function bound to the runtime's context groups
+// (config: parallel.cp_attention; hybrid needs the mesh's cp_ulysses split). `local` is the
+// attention Ulysses runs on whole sequences. Throws std::invalid_argument for another name.
+LocalAttention context_attention(const std::string& kind, Runtime& runtime, LocalAttention local);
 
 // The sequence split itself, along `dim` (tokens): this rank's contiguous chunk, and its inverse
 // (every member's chunk, concatenated in rank order). gather's backward keeps this rank's chunk

@@ -9,6 +9,8 @@ Mesh::Mesh(MeshShape shape, int64_t world) : shape_(shape), world_(world) {
   if (shape_.dp_replicate < 1)
     throw MeshError(fmt::format("parallel.dp_replicate must be >= 1, got {}", shape_.dp_replicate));
   if (shape_.cp < 1) throw MeshError(fmt::format("parallel.cp must be >= 1, got {}", shape_.cp));
+  if (shape_.cp_ulysses < 1 || shape_.cp % shape_.cp_ulysses != 0)
+    throw MeshError(fmt::format("parallel.cp_ulysses {} must divide parallel.cp {}", shape_.cp_ulysses, shape_.cp));
   if (shape_.dp_shard == -1) {
     const int64_t rest = shape_.dp_replicate * shape_.cp;
     if (world % rest != 0)
@@ -60,9 +62,27 @@ std::vector<int64_t> Mesh::context_group(int64_t rank) const {
   return ranks;
 }
 
+std::vector<int64_t> Mesh::context_ulysses_group(int64_t rank) const {
+  MeshCoord c = coord(rank);
+  const int64_t first = c.context / shape_.cp_ulysses * shape_.cp_ulysses;
+  std::vector<int64_t> ranks;
+  for (c.context = first; c.context < first + shape_.cp_ulysses; ++c.context) ranks.push_back(rank_of(c));
+  return ranks;
+}
+
+std::vector<int64_t> Mesh::context_ring_group(int64_t rank) const {
+  MeshCoord c = coord(rank);
+  std::vector<int64_t> ranks;
+  for (c.context %= shape_.cp_ulysses; c.context < shape_.cp; c.context += shape_.cp_ulysses) ranks.push_back(rank_of(c));
+  return ranks;
+}
+
 std::string Mesh::describe() const {
-  return fmt::format("dp_replicate {} × dp_shard {} × cp {} = {}", shape_.dp_replicate, shape_.dp_shard, shape_.cp,
-                     world_);
+  const std::string cp = shape_.cp_ulysses > 1 && shape_.cp_ulysses < shape_.cp
+                             ? fmt::format("{} (ulysses {} × ring {})", shape_.cp, shape_.cp_ulysses,
+                                           shape_.cp / shape_.cp_ulysses)
+                             : std::to_string(shape_.cp);
+  return fmt::format("dp_replicate {} × dp_shard {} × cp {} = {}", shape_.dp_replicate, shape_.dp_shard, cp, world_);
 }
 
 }  // namespace flowtrain::parallel

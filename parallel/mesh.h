@@ -4,6 +4,11 @@
 //
 //   rank = (replicate · dp_shard + shard) · cp + context
 //
+// Hybrid context parallelism splits the context group once more: cp = cp_ulysses × ring groups,
+// Ulysses innermost (context = ring_index · cp_ulysses + ulysses_index), so each all-to-all stays
+// among cp_ulysses adjacent ranks (one node's fast links) and only the ring's point-to-point hops
+// cross the slower level.
+//
 // Parameters are sharded over dp_shard × cp (as TorchTitan does), gradients are reduce-scattered
 // over that shard group (summed over its context ranks, averaged over its data-parallel ones)
 // and all-reduced over the replicate group (HSDP).
@@ -24,6 +29,7 @@ struct MeshShape {
   int64_t dp_replicate = 1;
   int64_t dp_shard = -1;  // −1: whatever is left of the world
   int64_t cp = 1;
+  int64_t cp_ulysses = 1;  // the Ulysses degree inside cp (hybrid); 1 = no inner split
 };
 
 struct MeshCoord {
@@ -52,7 +58,12 @@ class Mesh {
 
   std::vector<int64_t> replicate_group(int64_t rank) const;  // same shard, same context
   std::vector<int64_t> context_group(int64_t rank) const;    // same replicate, same shard
-  std::string describe() const;  // "dp_replicate 2 × dp_shard 2 × cp 1 = 4"
+  // The hybrid split of the context group (cp_ulysses > 1): the cp_ulysses adjacent members
+  // that trade tokens for heads, and the cp / cp_ulysses members at the same position in each
+  // of those runs, around which the ring passes K/V.
+  std::vector<int64_t> context_ulysses_group(int64_t rank) const;
+  std::vector<int64_t> context_ring_group(int64_t rank) const;
+  std::string describe() const;  // "dp_replicate 2 × dp_shard 2 × cp 1 = 4" (cp "4 (ulysses 2 × ring 2)")
 
  private:
   MeshShape shape_;

@@ -38,6 +38,10 @@ class Runtime {
   virtual Comm& shard_group() = 0;
   virtual Comm& replicate_group() = 0;
   virtual Comm& context_group() = 0;
+  // The hybrid split of the context group (mesh cp_ulysses strictly between 1 and cp; see
+  // mesh.h). Throws std::logic_error on a mesh without one.
+  virtual Comm& context_ulysses_group() = 0;
+  virtual Comm& context_ring_group() = 0;
   // All ranks, always Gloo (also under NCCL): checkpoint commits vote here from a background
   // thread, apart from the training groups, so they never collide with training collectives.
   virtual Comm& checkpoint_group() = 0;

@@ -69,6 +69,10 @@ std::string context_attention_kind(const Config& c, const models::DiffusionModel
     throw ConfigError(fmt::format("'parallel.cp_attention' ulysses needs the {} heads to split over 'parallel.cp' {}; "
                                   "use ring (or auto)",
                                   heads, cp));
+  if (c.parallel.cp_attention == "hybrid" && heads % c.parallel.cp_ulysses != 0)
+    throw ConfigError(fmt::format("'parallel.cp_attention' hybrid needs the {} heads to split over 'parallel.cp_ulysses' "
+                                  "{}",
+                                  heads, c.parallel.cp_ulysses));
   if (c.parallel.cp_attention == "auto") return heads_split ? "ulysses" : "ring";
   return c.parallel.cp_attention;
 }

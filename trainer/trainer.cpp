@@ -101,7 +101,8 @@ Trainer::Trainer(Config config, TrainerHooks hooks) : config_(std::move(config))
   // before the run directory is created, so a rejected run leaves nothing behind.
   env_ = parallel::resolve_dist_env_from_process();
   const bool distributed = env_.world > 1 || config_.parallel.fsdp == "on";
-  const parallel::MeshShape shape{config_.parallel.dp_replicate, config_.parallel.dp_shard, config_.parallel.cp};
+  const parallel::MeshShape shape{config_.parallel.dp_replicate, config_.parallel.dp_shard, config_.parallel.cp,
+                                  config_.parallel.cp_ulysses};
   try {
     const parallel::Mesh mesh(shape, env_.world);
     dp_size_ = mesh.data_parallel();
@@ -147,7 +148,7 @@ Trainer::Trainer(Config config, TrainerHooks hooks) : config_(std::move(config))
   // sees an attention function); the sequence split itself is installed with the sharding below.
   if (!cp_attention.empty())
     model->set_attention(
-        parallel::context_attention(cp_attention, runtime_->context_group(), models::default_attention()));
+        parallel::context_attention(cp_attention, *runtime_, models::default_attention()));
   model->to(device_);
   const int64_t blocks = static_cast<int64_t>(model->units().blocks.size());
   spdlog::info("model: {}: {:.2f}M parameters, {:.3f} GFLOP per training sample (3× forward)", model->describe(),
@@ -161,9 +162,13 @@ Trainer::Trainer(Config config, TrainerHooks hooks) : config_(std::move(config))
     spdlog::info("FSDP over {} ({} backend): {} units, {:.1f} MiB of training state on this rank", runtime_->mesh().describe(),
                  runtime_->backend(), blocks + 2, state_->state_bytes() / 1048576.0);
     if (!cp_attention.empty())
-      spdlog::info("context parallelism: {} tokens per sample split over {} ranks ({} per rank), {} attention",
+      spdlog::info("context parallelism: {} tokens per sample split over {} ranks ({} per rank), {} attention{}",
                    model->tokens_per_sample(), config_.parallel.cp, model->tokens_per_sample() / config_.parallel.cp,
-                   cp_attention);
+                   cp_attention,
+                   cp_attention == "hybrid" ? fmt::format(" (Ulysses over {} adjacent ranks, ring across {} groups)",
+                                                          config_.parallel.cp_ulysses,
+                                                          config_.parallel.cp / config_.parallel.cp_ulysses)
+                                            : "");
   } else {
     state_ = make_local_train_state(model, config_);
   }

@@ -1,8 +1,8 @@
 // Context-parallel attention against the non-parallel attention: P ranks as threads over real
 // Gloo groups (loopback TCPStore), each holding one contiguous chunk of the sequence. The
 // outputs and the gradients of q, k and v of every chunk must equal the unsplit float64
-// computation's, for Ulysses and ring at P = 2 and 4, and the sequence split/gather must be
-// each other's inverse with the right gradient.
+// computation's, for Ulysses and ring at P = 2 and 4 and the hybrid at 2 × 2, and the sequence
+// split/gather must be each other's inverse with the right gradient.
 #include "rank_runner.h"
 
 #include "parallel/context.h"
@@ -27,15 +27,18 @@ struct Chunk {
   std::string error;
 };
 
-// `world` in-process ranks forming one context group.
+// `world` in-process ranks forming one context group (split as Ulysses `ulysses` × ring for the
+// hybrid).
 template <typename Body>
-std::vector<std::string> run_context_ranks(int world, Body body) {
-  return test::run_thread_ranks(world, parallel::MeshShape{1, 1, world}, body);
+std::vector<std::string> run_context_ranks(int world, Body body, int64_t ulysses = 1) {
+  return test::run_thread_ranks(world, parallel::MeshShape{1, 1, world, ulysses}, body);
 }
 
 void expect_parallel_attention_matches_reference(const std::string& kind, int world,
-                                                 parallel::RingKernel kernel = parallel::RingKernel::Auto) {
-  SCOPED_TRACE(kind + " at cp " + std::to_string(world) + ", ring kernel " + std::to_string(int(kernel)));
+                                                 parallel::RingKernel kernel = parallel::RingKernel::Auto,
+                                                 int64_t ulysses = 1) {
+  SCOPED_TRACE(kind + " at cp " + std::to_string(world) + ", ring kernel " + std::to_string(int(kernel)) +
+               ", ulysses " + std::to_string(ulysses));
   const int64_t B = 2, H = 4, N = 12, Dh = 8, n = N / world;
   at::manual_seed(11);
   const auto f64 = at::TensorOptions().dtype(at::kDouble);
@@ -52,14 +55,14 @@ void expect_parallel_attention_matches_reference(const std::string& kind, int wo
     parallel::LocalAttention attention =
         kind == "ring" ? [&](const at::Tensor& q_, const at::Tensor& k_, const at::Tensor& v_) {
           return parallel::ring_attention(q_, k_, v_, runtime.context_group(), kernel);
-        } : parallel::context_attention(kind, runtime.context_group(), reference_attention);
+        } : parallel::context_attention(kind, runtime, reference_attention);
     at::Tensor cq = q.narrow(2, rank * n, n).clone().requires_grad_();
     at::Tensor ck = k.narrow(2, rank * n, n).clone().requires_grad_();
     at::Tensor cv = v.narrow(2, rank * n, n).clone().requires_grad_();
     at::Tensor out = attention(cq, ck, cv);
     out.backward(grad_out.narrow(2, rank * n, n));
     chunks[rank] = {out.detach(), cq.grad(), ck.grad(), cv.grad(), ""};
-  });
+  }, ulysses);
   for (int r = 0; r < world; ++r) ASSERT_EQ(errors[r], "") << "rank " << r;
 
   // float64 throughout; the parallel versions only add the same terms in another order (block
@@ -88,6 +91,28 @@ TEST(DistContext, RingAttentionEqualsTheUnsplitAttentionForwardAndBackward) {
   for (auto kernel : {parallel::RingKernel::CpuFlash, parallel::RingKernel::Math}) {
     expect_parallel_attention_matches_reference("ring", 2, kernel);
     expect_parallel_attention_matches_reference("ring", 4, kernel);
+  }
+}
+
+TEST(DistContext, HybridUlyssesInsideRingAcrossEqualsTheUnsplitAttentionForwardAndBackward) {
+  // cp 4 as Ulysses 2 × ring 2: each rank attends with 2 of the 4 heads over 6 of the 12 tokens
+  // after the all-to-all, the ring walks the other 6.
+  expect_parallel_attention_matches_reference("hybrid", 4, parallel::RingKernel::Auto, 2);
+}
+
+TEST(DistContext, HybridAttentionNeedsTheHybridSplitOfTheMesh) {
+  const int world = 2;
+  std::vector<std::string> messages(world);
+  auto errors = run_context_ranks(world, [&](int rank, parallel::Runtime& runtime) {
+    try {
+      parallel::context_attention("hybrid", runtime, reference_attention);
+    } catch (const std::exception& e) {
+      messages[rank] = e.what();
+    }
+  });
+  for (int r = 0; r < world; ++r) {
+    ASSERT_EQ(errors[r], "");
+    EXPECT_NE(messages[r].find("no hybrid context-parallel groups"), std::string::npos) << messages[r];
   }
 }
 

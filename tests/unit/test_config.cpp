@@ -107,7 +107,8 @@ TEST(ConfigTest, AllKeysListsEverySettingInFileOrder) {
       "checkpoint.every", "checkpoint.keep", "checkpoint.resume", "checkpoint.async", "checkpoint.on_error",
       "eval.every", "eval.num", "eval.steps", "eval.sampler", "eval.cfg_scale", "eval.seed", "eval.classifier_dir",
       "profile.enabled", "profile.start_step", "profile.num_steps", "profile.record_shapes", "profile.memory",
-      "parallel.dp_replicate", "parallel.dp_shard", "parallel.cp", "parallel.cp_attention", "parallel.fsdp",
+      "parallel.dp_replicate", "parallel.dp_shard", "parallel.cp", "parallel.cp_attention", "parallel.cp_ulysses",
+      "parallel.fsdp",
       "parallel.reshard_after_forward",
       "parallel.prefetch", "parallel.reduce_dtype", "parallel.reduce_every_micro_batch", "parallel.backend",
       "parallel.timeout_s"};
@@ -351,7 +352,7 @@ Config everything_changed() {
   c.checkpoint = {100, 0, "never", /*async=*/false, "warn"};
   c.eval = {250, 500, 10, "euler", 2.0, 7, "/tmp/classifiers"};
   c.profile = {true, 4, 2, true, true};
-  c.parallel = {2, 4, 2, "ring", "on", false, false, "bf16", true, "gloo", 30.5};
+  c.parallel = {2, 4, 4, "hybrid", 2, "on", false, false, "bf16", true, "gloo", 30.5};
   return c;
 }
 
@@ -549,6 +550,38 @@ TEST(ConfigTest, ContextParallelAttentionFollowsTheModelsTokensAndHeads) {
   });
   EXPECT_NE(streams.find("does not split the model's 64 tokens"), std::string::npos) << streams;
   EXPECT_NE(streams.find("each stream (15 + 49) is split on its own"), std::string::npos) << streams;
+  // Hybrid: Ulysses over cp_ulysses adjacent ranks needs only the heads to split over those.
+  EXPECT_EQ(kind({"parallel.cp=4", "parallel.cp_attention=hybrid", "parallel.cp_ulysses=2"}), "hybrid");
+  const std::string hybrid_heads = error_of([&] {
+    const Config c = parse_config("", "cfg.yaml",
+                                  {"model.size=tiny", "model.heads=3", "model.hidden=48", "model.image_size=32",
+                                   "model.patch=2", "parallel.cp=4", "parallel.cp_attention=hybrid",
+                                   "parallel.cp_ulysses=2"});
+    context_attention_kind(c, *build_model(c.model));
+  });
+  EXPECT_NE(hybrid_heads.find("hybrid needs the 3 heads to split over 'parallel.cp_ulysses' 2"), std::string::npos)
+      << hybrid_heads;
+}
+
+TEST(ConfigTest, HybridContextParallelismNeedsAUlyssesDegreeBetweenOneAndCp) {
+  const std::string unset = error_of([] { parse_config("", "cfg.yaml", {"parallel.cp=4", "parallel.cp_attention=hybrid"}); });
+  EXPECT_TRUE(Contains(unset, "'parallel.cp_attention' hybrid needs 'parallel.cp_ulysses' to be a divisor of "
+                              "'parallel.cp' 4 strictly between 1 and 4")) << unset;
+  EXPECT_TRUE(Contains(error_of([] {
+                         parse_config("", "cfg.yaml",
+                                      {"parallel.cp=4", "parallel.cp_attention=hybrid", "parallel.cp_ulysses=4"});
+                       }),
+                       "got 4"));
+  EXPECT_TRUE(Contains(error_of([] {
+                         parse_config("", "cfg.yaml",
+                                      {"parallel.cp=6", "parallel.cp_attention=hybrid", "parallel.cp_ulysses=4"});
+                       }),
+                       "got 4"));
+  const std::string stray = error_of([] { parse_config("", "cfg.yaml", {"parallel.cp=4", "parallel.cp_ulysses=2"}); });
+  EXPECT_TRUE(Contains(stray, "'parallel.cp_ulysses' 2 applies to 'parallel.cp_attention' hybrid only (it is 'auto')"))
+      << stray;
+  EXPECT_NO_THROW(
+      parse_config("", "cfg.yaml", {"parallel.cp=4", "parallel.cp_attention=hybrid", "parallel.cp_ulysses=2"}));
 }
 
 TEST(ConfigTest, FluxSizesReportTheirCostWithoutBuildingAndNeedTextData) {

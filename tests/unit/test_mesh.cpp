@@ -23,6 +23,24 @@ TEST(Mesh, ResolvesTheRestAndNumbersRanksWithContextInnermost) {
   EXPECT_EQ(m.data_parallel_rank(4), 2);
 }
 
+TEST(Mesh, HybridContextGroupsPutUlyssesOnAdjacentRanksAndTheRingAcrossThem) {
+  // dp_shard 2 × cp 4, the cp split as Ulysses 2 × ring 2: the second sample slice is ranks 4–7.
+  Mesh m(MeshShape{1, 2, 4, 2}, 8);
+  EXPECT_EQ(m.context_group(6), (std::vector<int64_t>{4, 5, 6, 7}));
+  EXPECT_EQ(m.context_ulysses_group(6), (std::vector<int64_t>{6, 7}));
+  EXPECT_EQ(m.context_ring_group(6), (std::vector<int64_t>{4, 6}));
+  EXPECT_EQ(m.context_ring_group(5), (std::vector<int64_t>{5, 7}));
+  EXPECT_EQ(m.describe(), "dp_replicate 1 × dp_shard 2 × cp 4 (ulysses 2 × ring 2) = 8");
+  // Every member of a context group is in exactly one Ulysses group and one ring group, and the
+  // two meet in that member alone.
+  for (int64_t r = 4; r < 8; ++r) {
+    int64_t both = 0;
+    for (int64_t u : m.context_ulysses_group(r))
+      for (int64_t g : m.context_ring_group(r)) both += (u == g);
+    EXPECT_EQ(both, 1) << r;
+  }
+}
+
 TEST(Mesh, PlainShardingAndHsdp) {
   Mesh fsdp(MeshShape{}, 4);
   EXPECT_EQ(fsdp.shard_group(2), (std::vector<int64_t>{0, 1, 2, 3}));
@@ -46,4 +64,5 @@ TEST(Mesh, SizesThatDoNotMultiplyOutNameTheKeys) {
   EXPECT_NE(message({1, 3, 1}, 4).find("parallel.dp_shard 3"), std::string::npos);
   EXPECT_NE(message({1, -1, 0}, 4).find("parallel.cp"), std::string::npos);
   EXPECT_NE(message({1, 0, 1}, 4).find("parallel.dp_shard"), std::string::npos);
+  EXPECT_NE(message({1, -1, 4, 3}, 4).find("parallel.cp_ulysses 3 must divide parallel.cp 4"), std::string::npos);
 }

@@ -353,8 +353,11 @@ std::vector<Section> build_schema() {
                   .add("dp_shard", &ParallelConfig::dp_shard, at_least(-1),
                        "ranks sharing one copy of the weights; -1 = the rest of the world")
                   .add("cp", &ParallelConfig::cp, at_least(1), "context-parallel ranks (sequence split)")
-                  .add("cp_attention", &ParallelConfig::cp_attention, one_of({"auto", "ulysses", "ring"}),
-                       "with cp > 1: auto = ulysses when heads % cp == 0, else ring")
+                  .add("cp_attention", &ParallelConfig::cp_attention, one_of({"auto", "ulysses", "ring", "hybrid"}),
+                       "with cp > 1: auto = ulysses when heads % cp == 0, else ring; hybrid = Ulysses inside "
+                       "groups of cp_ulysses ranks, ring across them")
+                  .add("cp_ulysses", &ParallelConfig::cp_ulysses, at_least(1),
+                       "with cp_attention hybrid: the Ulysses degree (divides cp; ring degree = cp / cp_ulysses)")
                   .add("fsdp", &ParallelConfig::fsdp, one_of({"auto", "on"}),
                        "auto = shard when world > 1; on = also at world 1")
                   .add("reshard_after_forward", &ParallelConfig::reshard_after_forward, any(),
@@ -683,6 +686,14 @@ void Config::validate() const {
                       ") must be divisible by 'train.grad_accum' (" + std::to_string(train.grad_accum) + ")");
   if (parallel.dp_shard == 0)
     throw ConfigError("'parallel.dp_shard' must be >= 1 or -1 (the rest of the world), got 0");
+  if (parallel.cp_attention == "hybrid" &&
+      !(parallel.cp_ulysses > 1 && parallel.cp_ulysses < parallel.cp && parallel.cp % parallel.cp_ulysses == 0))
+    throw ConfigError("'parallel.cp_attention' hybrid needs 'parallel.cp_ulysses' to be a divisor of 'parallel.cp' " +
+                      std::to_string(parallel.cp) + " strictly between 1 and " + std::to_string(parallel.cp) +
+                      " (Ulysses inside, ring across), got " + std::to_string(parallel.cp_ulysses));
+  if (parallel.cp_attention != "hybrid" && parallel.cp_ulysses != 1)
+    throw ConfigError("'parallel.cp_ulysses' " + std::to_string(parallel.cp_ulysses) +
+                      " applies to 'parallel.cp_attention' hybrid only (it is '" + parallel.cp_attention + "')");
   // sample.num >= 1 whenever sample.every > 0 already holds: sample.num's own range is >= 1.
   // checkpoint.resume: "auto", "never" or a path; only emptiness can be wrong here (the path
   // is checked when resuming).

@@ -171,7 +171,8 @@ struct ParallelConfig {
   int64_t dp_replicate = 1;           // HSDP replicas (all-reduce across them); usually = nodes
   int64_t dp_shard = -1;              // ranks a parameter is sharded over; −1 = the rest of the world
   int64_t cp = 1;                     // context parallelism (sequence split); 1 = off
-  std::string cp_attention = "auto";  // auto (ulysses when heads % cp == 0, else ring) | ulysses | ring
+  std::string cp_attention = "auto";  // auto (ulysses when heads % cp == 0, else ring) | ulysses | ring | hybrid
+  int64_t cp_ulysses = 1;             // hybrid: Ulysses degree inside cp (ring across cp / cp_ulysses groups)
   std::string fsdp = "auto";          // auto: shard when world > 1 | on: also at world 1 (traces, tests)
   bool reshard_after_forward = true;  // free gathered weights after each unit's forward (re-gather in backward)
   bool prefetch = true;               // gather unit i+1 while unit i computes (both directions)
