@@ -31,6 +31,19 @@ using UnitCall = std::function<Tensors(const Tensors& inputs)>;
 // How the model runs block `index`. Empty = call it directly.
 using UnitRunner = std::function<Tensors(int64_t index, const UnitCall& call, const Tensors& inputs)>;
 
+// The two parts of a block that selective activation checkpointing recomputes on their own. What
+// each covers is the block's business (each block's forward says); roughly: Attention = from
+// the modulated input to the attention's projected output (q/k/v, norms, RoPE, the kernel and
+// its communication); Mlp = from the modulated input to the MLP's output.
+enum class Sublayer { Attention, Mlp };
+// How a block runs one of its sublayers, bound to the block by the model. Empty = call it directly.
+using SublayerFn = std::function<Tensors(Sublayer part, const UnitCall& call, const Tensors& inputs)>;
+// The model-level hook behind it: the same with the block's index.
+using SublayerRunner =
+    std::function<Tensors(int64_t index, Sublayer part, const UnitCall& call, const Tensors& inputs)>;
+// run(part, call, inputs), or call(inputs) when run is empty.
+Tensors run_sublayer(const SublayerFn& run, Sublayer part, const UnitCall& call, const Tensors& inputs);
+
 // How the token sequence is split across context-parallel ranks. Empty = the whole sequence is
 // here. `split` keeps this rank's tokens of a [B, T, ·] tensor along dim 1 (tokens, position
 // ids), `gather` reassembles the output before it leaves the model. Every per-token op between
@@ -83,8 +96,12 @@ class DiffusionModel : public torch::nn::Module {
   // Replaces every block's attention kernel (context parallelism).
   virtual void set_attention(const AttentionFn& attention) = 0;
   UnitRunner unit_runner;
+  SublayerRunner sublayer_runner;  // selective activation checkpointing
   SequenceSplit sequence_split;
 };
+
+// What a model passes block `index`: sublayer_runner bound to the index (empty when it is).
+SublayerFn sublayer_fn(const DiffusionModel& model, int64_t index);
 
 // Every parameter, fixed ones (position tables) included.
 int64_t count_parameters(const torch::nn::Module& module);

@@ -1,5 +1,6 @@
-// Activation checkpointing (recompute): run a block without keeping its intermediate
-// activations, and run it again in backward to get them. Only the block's inputs are kept, so a
+// Activation checkpointing (recompute): run a block (or one of its sublayers: selective
+// checkpointing) without keeping its intermediate activations, and run it again in backward to
+// get them. Only the block's inputs are kept, so a
 // block's activation memory drops from O(tokens · hidden · ~15 tensors) to its input; the cost
 // is one more forward of the block (~1/3 more compute for the checkpointed blocks).
 //
@@ -23,8 +24,11 @@ namespace flowtrain::parallel {
 // (dropout) draws the same ones. `call` must stay callable until backward has run.
 models::Tensors checkpointed_call(models::UnitCall call, const models::Tensors& inputs);
 
-// Which blocks to checkpoint: train.activation_checkpointing "none" | "full" (every
-// `every`-th block, starting with block 0; every = 1: all blocks).
+// What to checkpoint, from train.activation_checkpointing and _every: "full" recomputes whole
+// blocks; "attention" / "mlp" (selective) recompute only that sublayer of a block
+// (models::Sublayer), keeping the rest of its activations; "none" nothing. Applies to every
+// `every`-th block, starting with block 0 (every = 1: all blocks).
 bool checkpoint_block(const std::string& mode, int64_t every, int64_t block_index);
+bool checkpoint_sublayer(const std::string& mode, int64_t every, int64_t block_index, models::Sublayer part);
 
 }  // namespace flowtrain::parallel

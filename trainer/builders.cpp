@@ -85,6 +85,16 @@ models::Tensors run_unit(const TrainConfig& train, int64_t index, const models::
   return call(inputs);
 }
 
+models::SublayerRunner sublayer_checkpointing(const TrainConfig& train) {
+  if (train.activation_checkpointing != "attention" && train.activation_checkpointing != "mlp") return {};
+  return [mode = train.activation_checkpointing, every = train.activation_checkpointing_every](
+             int64_t index, models::Sublayer part, const models::UnitCall& call, const models::Tensors& inputs) {
+    if (at::GradMode::is_enabled() && parallel::checkpoint_sublayer(mode, every, index, part))
+      return parallel::checkpointed_call(call, inputs);
+    return call(inputs);
+  };
+}
+
 std::shared_ptr<const data::ImageDataset> build_dataset(const Config& c) {
   if (c.data.source == "shards") return nullptr;  // streamed by the shard loader (trainer/data_source.h)
   auto dataset = std::make_shared<data::ImageDataset>();

@@ -27,10 +27,11 @@ int64_t cuda_device_for_rank(int64_t local_rank, int64_t device_count, const std
 // communicator) and sets the fp32 matmul precision from train.tf32. No-op on the CPU.
 void configure_cuda(const c10::Device& device, const TrainConfig& train);
 
-// parallel.cp_attention resolved for `model`: "ulysses" or "ring" ("auto": Ulysses when the
-// model's heads split over parallel.cp, else ring). Throws ConfigError naming the keys when the
-// model's tokens per sample do not split evenly over parallel.cp, or Ulysses is asked for and
-// the heads do not. Only meaningful for parallel.cp > 1.
+// parallel.cp_attention resolved for `model`: "ulysses", "ring" or "hybrid" ("auto": Ulysses
+// when the model's heads split over parallel.cp, else ring). Throws ConfigError naming the keys
+// when the model's tokens per sample do not split evenly over parallel.cp, or Ulysses is asked
+// for and the heads do not split over parallel.cp (hybrid: over parallel.cp_ulysses). Only
+// meaningful for parallel.cp > 1.
 std::string context_attention_kind(const Config& config, const models::DiffusionModel& model);
 
 // One block's forward in training: under activation checkpointing (recomputed in backward)
@@ -38,6 +39,10 @@ std::string context_attention_kind(const Config& config, const models::Diffusion
 // else a plain call.
 models::Tensors run_unit(const TrainConfig& train, int64_t index, const models::UnitCall& call,
                          const models::Tensors& inputs);
+// Selective activation checkpointing (train.activation_checkpointing attention | mlp): the
+// model's sublayer runner that recomputes the chosen sublayer of the selected blocks. Empty for
+// the other modes.
+models::SublayerRunner sublayer_checkpointing(const TrainConfig& train);
 
 // Loads data.source (compositions: with its text fields, trainer/run_conditioning.h); checks the images fit model.in_channels / image_size / num_classes and
 // throws ConfigError naming the key otherwise. Null for data.source shards (streamed, not loaded).

@@ -26,11 +26,12 @@ class LocalTrainState : public TrainState {
     optimizer_ = std::make_unique<AdamW>(named, adam);
     // The EMA covers every parameter (fixed tables too), so its checkpoint file is a full state dict.
     if (config.train.ema_decay > 0) ema_ = std::make_unique<Ema>(model_->parameters());
-    if (config.train.activation_checkpointing != "none")
+    if (config.train.activation_checkpointing == "full")
       model_->unit_runner = [train = config.train](int64_t index, const models::UnitCall& call,
                                                    const models::Tensors& inputs) {
         return run_unit(train, index, call, inputs);
       };
+    model_->sublayer_runner = sublayer_checkpointing(config.train);
   }
 
   models::DiffusionModel& model() override { return *model_; }

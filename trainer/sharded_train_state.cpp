@@ -43,6 +43,7 @@ class ShardedTrainState : public TrainState {
     model_->unit_runner = [this](int64_t index, const models::UnitCall& call, const models::Tensors& inputs) {
       return fsdp_->run_unit(index, inputs, [&] { return run_unit(config_.train, index, call, inputs); });
     };
+    model_->sublayer_runner = sublayer_checkpointing(config.train);
     if (runtime.context_group().size() > 1) {
       // Context parallelism: this rank's tokens from the embedding on; the output is gathered so
       // unpatchify and the loss run whole (and identically) on every context rank.

@@ -173,11 +173,12 @@ Trainer::Trainer(Config config, TrainerHooks hooks) : config_(std::move(config))
     state_ = make_local_train_state(model, config_);
   }
   if (config_.train.activation_checkpointing != "none") {
+    const std::string& mode = config_.train.activation_checkpointing;
     int64_t recomputed = 0;
-    for (int64_t i = 0; i < blocks; ++i)
-      recomputed += parallel::checkpoint_block(config_.train.activation_checkpointing,
-                                               config_.train.activation_checkpointing_every, i);
-    spdlog::info("activation checkpointing: {} of {} blocks recomputed in backward", recomputed, blocks);
+    for (int64_t i = 0; i < blocks; ++i)  // every_th is the same rule for blocks and sublayers
+      recomputed += parallel::checkpoint_block("full", config_.train.activation_checkpointing_every, i);
+    spdlog::info("activation checkpointing: {}{} of {} blocks recomputed in backward",
+                 mode == "full" ? "" : "the " + mode + " sublayer of ", recomputed, blocks);
   }
   schedule_ = {config_.optim.lr, config_.optim.warmup_steps, config_.optim.schedule, config_.train.steps,
                config_.optim.min_lr_ratio};

@@ -45,14 +45,22 @@ DiTBlockImpl::DiTBlockImpl(int64_t hidden, int64_t heads, int64_t mlp_hidden, At
       "adaLN_modulation", torch::nn::Sequential(torch::nn::SiLU(), make_linear(hidden, 6 * hidden)));
 }
 
-at::Tensor DiTBlockImpl::forward(const at::Tensor& x, const at::Tensor& c) {
+at::Tensor DiTBlockImpl::forward(const at::Tensor& x, const at::Tensor& c, const SublayerFn& sublayer) {
   // Reference chunk order: shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp.
   auto mod = adaLN_modulation->forward(c).chunk(6, /*dim=*/1);
   const at::Tensor &shift_msa = mod[0], &scale_msa = mod[1], &gate_msa = mod[2];
   const at::Tensor &shift_mlp = mod[3], &scale_mlp = mod[4], &gate_mlp = mod[5];
   // x + gate·attn(modulate(norm1(x), shift, scale)), then the same with the MLP (fused CPU kernels).
-  at::Tensor h = gated_residual(x, gate_msa, attn->forward(adaln_modulate(x, shift_msa, scale_msa)));
-  return gated_residual(h, gate_mlp, mlp->forward(adaln_modulate(h, shift_mlp, scale_mlp)));
+  const UnitCall attention_branch = [this](const Tensors& in) {
+    return Tensors{attn->forward(adaln_modulate(in[0], in[1], in[2]))};
+  };
+  const UnitCall mlp_branch = [this](const Tensors& in) {
+    return Tensors{mlp->forward(adaln_modulate(in[0], in[1], in[2]))};
+  };
+  at::Tensor h = gated_residual(
+      x, gate_msa, run_sublayer(sublayer, Sublayer::Attention, attention_branch, {x, shift_msa, scale_msa})[0]);
+  return gated_residual(h, gate_mlp,
+                        run_sublayer(sublayer, Sublayer::Mlp, mlp_branch, {h, shift_mlp, scale_mlp})[0]);
 }
 
 // ---- final layer -------------------------------------------------------------------------
@@ -128,11 +136,12 @@ at::Tensor DiTImpl::forward(const at::Tensor& x, const at::Tensor& t, const at::
   for (int64_t i = 0; i < options.depth; ++i) {
     DiTBlockImpl* block = blocks[i]->as<DiTBlock>();
     if (!unit_runner) {
-      tokens = block->forward(tokens, c);
+      tokens = block->forward(tokens, c, sublayer_fn(*this, i));
       continue;
     }
-    tokens = unit_runner(i, [block](const Tensors& in) { return Tensors{block->forward(in[0], in[1])}; },
-                         {tokens, c})[0];
+    tokens = unit_runner(
+        i, [block, sublayer = sublayer_fn(*this, i)](const Tensors& in) { return Tensors{block->forward(in[0], in[1], sublayer)}; },
+        {tokens, c})[0];
   }
   at::Tensor out = final_layer->forward(tokens, c);                       // [B, T, p²·C_out]
   if (sequence_split.gather) out = sequence_split.gather(out);

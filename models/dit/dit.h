@@ -46,7 +46,9 @@ std::vector<std::string> dit_size_names();  // tiny, S, B, L, XL
 // One DiT block with adaLN-Zero conditioning.
 struct DiTBlockImpl : torch::nn::Module {
   DiTBlockImpl(int64_t hidden, int64_t heads, int64_t mlp_hidden, AttentionFn attention);
-  at::Tensor forward(const at::Tensor& x, const at::Tensor& c);  // [B, T, D], [B, D]
+  // [B, T, D], [B, D]. `sublayer` runs the attention branch (adaLN-modulated input to the
+  // attention's projected output) and the MLP branch (modulated input to the MLP's output).
+  at::Tensor forward(const at::Tensor& x, const at::Tensor& c, const SublayerFn& sublayer = {});
   Attention attn{nullptr};
   Mlp mlp{nullptr};
   torch::nn::Sequential adaLN_modulation{nullptr};  // [SiLU, Linear(D, 6D)]

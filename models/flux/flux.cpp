@@ -213,23 +213,29 @@ DoubleStreamBlockImpl::DoubleStreamBlockImpl(int64_t hidden, int64_t heads, int6
 }
 
 Tensors DoubleStreamBlockImpl::forward(const at::Tensor& img, const at::Tensor& txt, const at::Tensor& vec,
-                                       const at::Tensor& angles) {
+                                       const at::Tensor& angles, const SublayerFn& sublayer) {
   // Chunks: shift, scale, gate of the attention branch (mod1), then of the MLP branch (mod2).
   const auto im = img_mod->forward(vec), tm = txt_mod->forward(vec);
-  const auto iq = img_attn->project_qkv(adaln_modulate(img, im[0], im[1]));
-  const auto tq = txt_attn->project_qkv(adaln_modulate(txt, tm[0], tm[1]));
-  // Joint attention, text first: [txt, img] on the sequence.
-  const at::Tensor attn = rope_attention(attention, at::cat({tq[0], iq[0]}, 2), at::cat({tq[1], iq[1]}, 2),
-                                         at::cat({tq[2], iq[2]}, 2), angles);
-  // split, not two narrows: its backward is one cat of the two gradients (a narrow's backward
-  // zero-fills a full-size buffer for each piece and then adds them).
-  const auto streams = attn.split_with_sizes({txt.size(1), img.size(1)}, 1);
-  const at::Tensor &txt_out = streams[0], &img_out = streams[1];
-
-  at::Tensor i = gated_residual(img, im[2], linear_forward(img_attn->proj, img_out));
-  i = gated_residual(i, im[5], mlp_forward(img_mlp, adaln_modulate(i, im[3], im[4])));
-  at::Tensor t = gated_residual(txt, tm[2], linear_forward(txt_attn->proj, txt_out));
-  t = gated_residual(t, tm[5], mlp_forward(txt_mlp, adaln_modulate(t, tm[3], tm[4])));
+  const UnitCall joint_attention = [this](const Tensors& in) {  // img, txt, their shift/scale, angles
+    const auto iq = img_attn->project_qkv(adaln_modulate(in[0], in[2], in[3]));
+    const auto tq = txt_attn->project_qkv(adaln_modulate(in[1], in[4], in[5]));
+    // Joint attention, text first: [txt, img] on the sequence.
+    const at::Tensor attn = rope_attention(attention, at::cat({tq[0], iq[0]}, 2), at::cat({tq[1], iq[1]}, 2),
+                                           at::cat({tq[2], iq[2]}, 2), in[6]);
+    // split, not two narrows: its backward is one cat of the two gradients (a narrow's backward
+    // zero-fills a full-size buffer for each piece and then adds them).
+    const auto streams = attn.split_with_sizes({in[1].size(1), in[0].size(1)}, 1);
+    return Tensors{linear_forward(img_attn->proj, streams[1]), linear_forward(txt_attn->proj, streams[0])};
+  };
+  const Tensors attn =
+      run_sublayer(sublayer, Sublayer::Attention, joint_attention, {img, txt, im[0], im[1], tm[0], tm[1], angles});
+  auto mlp_branch = [](torch::nn::Sequential mlp) -> UnitCall {
+    return [mlp](const Tensors& in) { return Tensors{mlp_forward(mlp, adaln_modulate(in[0], in[1], in[2]))}; };
+  };
+  at::Tensor i = gated_residual(img, im[2], attn[0]);
+  i = gated_residual(i, im[5], run_sublayer(sublayer, Sublayer::Mlp, mlp_branch(img_mlp), {i, im[3], im[4]})[0]);
+  at::Tensor t = gated_residual(txt, tm[2], attn[1]);
+  t = gated_residual(t, tm[5], run_sublayer(sublayer, Sublayer::Mlp, mlp_branch(txt_mlp), {t, tm[3], tm[4]})[0]);
   return {i, t};
 }
 
@@ -241,16 +247,22 @@ SingleStreamBlockImpl::SingleStreamBlockImpl(int64_t hidden, int64_t heads, int6
   modulation = register_module("modulation", Modulation(hidden, 3));
 }
 
-at::Tensor SingleStreamBlockImpl::forward(const at::Tensor& x, const at::Tensor& vec, const at::Tensor& angles) {
+at::Tensor SingleStreamBlockImpl::forward(const at::Tensor& x, const at::Tensor& vec, const at::Tensor& angles,
+                                          const SublayerFn& sublayer) {
   const auto mod = modulation->forward(vec);  // shift, scale, gate
   const int64_t D = x.size(2);
   const at::Tensor h = linear_forward(linear1, adaln_modulate(x, mod[0], mod[1]));
   const auto parts = h.split_with_sizes({3 * D, mlp_hidden}, 2);  // one cat in backward (see above)
-  const at::Tensor &qkv = parts[0], &mlp = parts[1];
-  auto qkv_heads = split_heads(qkv, heads);
-  auto [q, k] = norm->forward(qkv_heads[0], qkv_heads[1], qkv_heads[2]);
-  const at::Tensor attn = rope_attention(attention, q, k, qkv_heads[2], angles);
-  return gated_residual(x, mod[2], linear_forward(linear2, at::cat({attn, gelu_tanh(mlp)}, 2)));
+  const UnitCall attention_branch = [this](const Tensors& in) {  // qkv, angles
+    auto qkv_heads = split_heads(in[0], heads);
+    auto [q, k] = norm->forward(qkv_heads[0], qkv_heads[1], qkv_heads[2]);
+    return Tensors{rope_attention(attention, q, k, qkv_heads[2], in[1])};
+  };
+  const UnitCall mlp_branch = [this](const Tensors& in) {  // attention output, MLP pre-activation
+    return Tensors{linear_forward(linear2, at::cat({in[0], gelu_tanh(in[1])}, 2))};
+  };
+  const at::Tensor attn = run_sublayer(sublayer, Sublayer::Attention, attention_branch, {parts[0], angles})[0];
+  return gated_residual(x, mod[2], run_sublayer(sublayer, Sublayer::Mlp, mlp_branch, {attn, parts[1]})[0]);
 }
 
 FluxFinalLayerImpl::FluxFinalLayerImpl(int64_t hidden, int64_t out_features) {
@@ -336,7 +348,9 @@ at::Tensor FluxImpl::forward_tokens(const at::Tensor& img_tokens, const at::Tens
   const int64_t depth = options.depth;
   for (int64_t i = 0; i < depth; ++i) {
     DoubleStreamBlockImpl* block = double_blocks[i]->as<DoubleStreamBlock>();
-    auto call = [block](const Tensors& in) { return block->forward(in[0], in[1], in[2], in[3]); };
+    auto call = [block, sublayer = sublayer_fn(*this, i)](const Tensors& in) {
+      return block->forward(in[0], in[1], in[2], in[3], sublayer);
+    };
     Tensors out = unit_runner ? unit_runner(i, call, {img, txt, vec, angles}) : call({img, txt, vec, angles});
     img = out[0];
     txt = out[1];
@@ -344,7 +358,9 @@ at::Tensor FluxImpl::forward_tokens(const at::Tensor& img_tokens, const at::Tens
   at::Tensor x = at::cat({txt, img}, 1);
   for (int64_t j = 0; j < options.depth_single; ++j) {
     SingleStreamBlockImpl* block = single_blocks[j]->as<SingleStreamBlock>();
-    auto call = [block](const Tensors& in) { return Tensors{block->forward(in[0], in[1], in[2])}; };
+    auto call = [block, sublayer = sublayer_fn(*this, depth + j)](const Tensors& in) {
+      return Tensors{block->forward(in[0], in[1], in[2], sublayer)};
+    };
     x = (unit_runner ? unit_runner(depth + j, call, {x, vec, angles}) : call({x, vec, angles}))[0];
   }
   at::Tensor out = final_layer->forward(x.narrow(1, txt.size(1), img.size(1)), vec);  // image tokens only

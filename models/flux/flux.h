@@ -137,8 +137,11 @@ at::Tensor rope_attention(const AttentionFn& attention, const at::Tensor& q, con
 
 struct DoubleStreamBlockImpl : torch::nn::Module {
   DoubleStreamBlockImpl(int64_t hidden, int64_t heads, int64_t mlp_hidden, bool qkv_bias, AttentionFn attention);
-  // img [B, Li, D], txt [B, Lt, D], vec [B, D], angles [B, Lt + Li, Dh/2, 2] -> {img, txt}
-  Tensors forward(const at::Tensor& img, const at::Tensor& txt, const at::Tensor& vec, const at::Tensor& angles);
+  // img [B, Li, D], txt [B, Lt, D], vec [B, D], angles [B, Lt + Li, Dh/2, 2] -> {img, txt}.
+  // `sublayer` runs the joint attention (both streams' modulated inputs to their projected
+  // attention outputs) and each stream's MLP (modulated input to MLP output).
+  Tensors forward(const at::Tensor& img, const at::Tensor& txt, const at::Tensor& vec, const at::Tensor& angles,
+                  const SublayerFn& sublayer = {});
   Modulation img_mod{nullptr}, txt_mod{nullptr};
   FluxSelfAttention img_attn{nullptr}, txt_attn{nullptr};
   torch::nn::Sequential img_mlp{nullptr}, txt_mlp{nullptr};  // [Linear, GELU(tanh), Linear]
@@ -148,8 +151,11 @@ TORCH_MODULE(DoubleStreamBlock);
 
 struct SingleStreamBlockImpl : torch::nn::Module {
   SingleStreamBlockImpl(int64_t hidden, int64_t heads, int64_t mlp_hidden, AttentionFn attention);
-  // x [B, L, D] (text then image tokens), vec [B, D], angles [B, L, Dh/2, 2] -> x
-  at::Tensor forward(const at::Tensor& x, const at::Tensor& vec, const at::Tensor& angles);
+  // x [B, L, D] (text then image tokens), vec [B, D], angles [B, L, Dh/2, 2] -> x.
+  // `sublayer` runs the attention (linear1's q/k/v part to the attention output) and the MLP —
+  // here the GELU and linear2, which mixes attention and MLP features, so it goes with the MLP.
+  at::Tensor forward(const at::Tensor& x, const at::Tensor& vec, const at::Tensor& angles,
+                     const SublayerFn& sublayer = {});
   torch::nn::Linear linear1{nullptr}, linear2{nullptr};  // D -> 3D + M; D + M -> D
   QkNorm norm{nullptr};
   Modulation modulation{nullptr};

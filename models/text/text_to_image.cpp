@@ -24,6 +24,7 @@ Conditioning TextToImageImpl::encode(const Conditioning& cond) {
 at::Tensor TextToImageImpl::forward(const at::Tensor& x, const at::Tensor& t, const Conditioning& cond) {
   // What the runtime injected into this model applies to the transformer's blocks.
   transformer->unit_runner = unit_runner;
+  transformer->sublayer_runner = sublayer_runner;
   transformer->sequence_split = sequence_split;
   return transformer->forward(x, t, encode(cond));
 }

@@ -1,7 +1,8 @@
 // The video model (Flux MMDiT over 3-D ids) under context parallelism: the joint [text, video]
 // sequence of every clip split over cp ranks — each stream with its (t, row, col) ids — must give
 // the single-process run's losses, gradient norms and weights over 20 steps, with Ulysses, ring
-// and the hybrid of the two (Ulysses inside pairs of ranks, ring across the pairs); and a
+// and the hybrid of the two (Ulysses inside pairs of ranks, ring across the pairs), also with the
+// attention sublayers recomputed in backward; and a
 // checkpoint written at cp 2 must resume in one process.
 #include "cli_runner.h"
 #include "equivalence.h"
@@ -63,6 +64,13 @@ TEST(DistVideo, ContextParallelVideoRunsMatchTheSingleProcessRunFor20Steps) {
             std::string::npos)
       << log;
   EXPECT_NE(log.find("cp 4 (ulysses 2 × ring 2)"), std::string::npos) << log;
+  // Selective checkpointing: the recomputed attention repeats the ring's hops inside backward.
+  run_world(2, base + "/cp2_ring_attention_ac",
+            video_run({"parallel.cp=2", "parallel.cp_attention=ring", "train.activation_checkpointing=attention"}));
+  expect_equivalent(w1, base + "/cp2_ring_attention_ac", "video, cp 2, ring, attention recomputed");
+  EXPECT_NE(read_file(base + "/cp2_ring_attention_ac/log.txt")
+                .find("activation checkpointing: the attention sublayer of 2 of 2 blocks recomputed"),
+            std::string::npos);
 }
 
 TEST(DistVideo, CheckpointOfAContextParallelVideoRunResumesInOneProcess) {

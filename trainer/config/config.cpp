@@ -300,10 +300,12 @@ std::vector<Section> build_schema() {
                   .add("log_every", &TrainConfig::log_every, at_least(1), "steps between log lines")
                   .add("threads", &TrainConfig::threads, at_least(0), "intra-op CPU threads; 0 = all cores")
                   .add("tensorboard", &TrainConfig::tensorboard, any(), "also write TensorBoard events to tb/")
-                  .add("activation_checkpointing", &TrainConfig::activation_checkpointing, one_of({"none", "full"}),
-                       "full = recompute block activations in backward (less memory, ~1/3 more compute)")
+                  .add("activation_checkpointing", &TrainConfig::activation_checkpointing,
+                       one_of({"none", "full", "attention", "mlp"}),
+                       "full = recompute block activations in backward (less memory, ~1/3 more compute); "
+                       "attention | mlp = recompute only that sublayer of each block")
                   .add("activation_checkpointing_every", &TrainConfig::activation_checkpointing_every, at_least(1),
-                       "with full: checkpoint every k-th block (1 = all)")
+                       "checkpoint every k-th block (1 = all)")
                   .add("tf32", &TrainConfig::tf32, any(),
                        "CUDA: fp32 matmuls on TF32 tensor cores (10-bit mantissa products, fp32 accumulation)")
                   .add("init_from", &TrainConfig::init_from, any(),

@@ -112,9 +112,10 @@ struct TrainConfig {
   int64_t log_every = 10;
   int64_t threads = 0;             // intra-op CPU threads; 0 = all cores
   bool tensorboard = true;         // also write TensorBoard event files to <out_dir>/tb
-  // none | full: recompute the selected blocks' activations in backward (memory for compute)
+  // none | full | attention | mlp: recompute the selected blocks' activations (full) or one
+  // sublayer's (selective) in backward — memory for compute
   std::string activation_checkpointing = "none";
-  int64_t activation_checkpointing_every = 1;  // with full: every k-th block (1 = all)
+  int64_t activation_checkpointing_every = 1;  // every k-th block (1 = all)
   bool tf32 = true;  // CUDA: fp32 matmuls on TF32 tensor cores (PyTorch's "high" matmul precision)
   // Initial weights of a run that starts from scratch: a safetensors file with the reference key
   // names (a Flux transformer: flowtrain export's --out, or BFL's checkpoints), loaded strictly.
