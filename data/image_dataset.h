@@ -11,7 +11,7 @@
 namespace flowtrain::data {
 
 struct ImageDataset {
-  at::Tensor images;        // uint8 [N, C, H, W]
+  at::Tensor images;        // uint8 [N, C, H, W], or clips [N, T, C, H, W] (the shard loader's layout)
   at::Tensor labels;        // int64 [N] (all 0 for a data set without classes)
   int64_t num_classes = 0;
   // Further per-sample tensors, each [N, ...], handed out with the images under their names:
@@ -23,6 +23,8 @@ struct ImageDataset {
 
 // N random images with random labels, a pure function of the seed: for benchmarks and tests
 // that must not depend on a data set being installed.
-ImageDataset make_synthetic_dataset(int64_t n, int64_t channels, int64_t side, int64_t num_classes, uint64_t seed);
+// frames > 1: N random clips [N, T, C, H, W] instead.
+ImageDataset make_synthetic_dataset(int64_t n, int64_t channels, int64_t side, int64_t num_classes, uint64_t seed,
+                                    int64_t frames = 1);
 
 }  // namespace flowtrain::data

@@ -20,10 +20,13 @@ std::vector<int64_t> epoch_order(int64_t n, uint64_t seed, int64_t epoch) {
   return order;
 }
 
-ImageDataset make_synthetic_dataset(int64_t n, int64_t channels, int64_t side, int64_t num_classes, uint64_t seed) {
+ImageDataset make_synthetic_dataset(int64_t n, int64_t channels, int64_t side, int64_t num_classes, uint64_t seed,
+                                    int64_t frames) {
   at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(seed);
   ImageDataset d;
-  d.images = at::randint(0, 256, {n, channels, side, side}, gen, at::TensorOptions().dtype(at::kByte));
+  const std::vector<int64_t> shape = frames > 1 ? std::vector<int64_t>{n, frames, channels, side, side}
+                                                : std::vector<int64_t>{n, channels, side, side};
+  d.images = at::randint(0, 256, shape, gen, at::TensorOptions().dtype(at::kByte));
   d.labels = at::randint(0, num_classes, {n}, gen, at::TensorOptions().dtype(at::kLong));
   d.num_classes = num_classes;
   return d;
@@ -40,7 +43,7 @@ Loader::Loader(std::shared_ptr<const ImageDataset> dataset, LoaderOptions option
   if (start.position < 0 || start.position > dataset_->size() || start.epoch < 0)
     throw DataError(fmt::format("loader state (epoch {}, position {}) is outside a data set of {} samples",
                                 start.epoch, start.position, dataset_->size()));
-  const int64_t side = dataset_->images.size(2);
+  const int64_t side = dataset_->images.size(-1);  // square images or frames
   if (options_.image_size != 0 && options_.image_size < side)
     throw DataError(fmt::format("model.image_size {} is smaller than the data's {}×{} images", options_.image_size,
                                 side, side));
@@ -92,8 +95,8 @@ Batch Loader::assemble(const LoaderState& start) {
   batch.images = dataset_->images.index_select(0, index).to(at::kFloat).div_(127.5).sub_(1.0);
   batch.labels = dataset_->labels.index_select(0, index);
   for (const auto& [name, field] : dataset_->fields) batch.fields[name] = field.index_select(0, index);
-  const int64_t side = batch.images.size(2);
-  if (options_.image_size > side) {
+  const int64_t side = batch.images.size(-1);
+  if (options_.image_size > side) {  // pads the last two dimensions: images and clips alike
     const int64_t before = (options_.image_size - side) / 2, after = options_.image_size - side - before;
     batch.images = at::constant_pad_nd(batch.images, {before, after, before, after}, -1.0);
   }

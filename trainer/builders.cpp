@@ -108,12 +108,18 @@ std::shared_ptr<const data::ImageDataset> build_dataset(const Config& c) {
     dataset->labels = at::zeros({set.images.size(0)}, at::kLong);
     dataset->fields = text_fields(c, captions);
   } else {  // synthetic: sized like the model's input, for benchmarks and data-free tests
-    *dataset = data::make_synthetic_dataset(std::max<int64_t>(4096, c.data.batch_size), c.model.in_channels,
-                                            c.model.image_size, c.model.num_classes, static_cast<uint64_t>(c.run.seed));
+    // Clips for a video model; fewer of them (a 32-frame 64² clip of 4 channels is 0.5 MB).
+    const int64_t n = std::max<int64_t>(c.model.frames > 1 ? 64 : 4096, c.data.batch_size);
+    *dataset = data::make_synthetic_dataset(n, c.model.in_channels, c.model.image_size, c.model.num_classes,
+                                            static_cast<uint64_t>(c.run.seed), c.model.frames);
     if (!model_family(c.model.arch).class_conditioning) dataset->fields = synthetic_text_fields(c, dataset->size());
   }
-  const int64_t channels = dataset->images.size(1), side = dataset->images.size(2);
   const std::string where = c.source_path.empty() ? std::string("config") : c.source_path;
+  if (c.model.frames > 1 && dataset->images.dim() != 5)
+    throw ConfigError(fmt::format("{}: 'model.frames' is {} (a video model) but data.source '{}' holds images: train "
+                                  "it on clips (data.source shards with data.video.frames {}, or synthetic)",
+                                  where, c.model.frames, c.data.source, c.model.frames));
+  const int64_t channels = dataset->images.size(-3), side = dataset->images.size(-1);
   if (channels != c.model.in_channels)
     throw ConfigError(fmt::format("{}: 'model.in_channels' is {} but data.source '{}' has {}-channel images", where,
                                   c.model.in_channels, c.data.source, channels));

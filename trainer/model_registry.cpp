@@ -51,6 +51,11 @@ void validate_dit(const ModelConfig& model) {
 }
 
 std::shared_ptr<models::DiffusionModel> build_dit(const ModelConfig& model) {
+  // Checked here, not in validate_dit: a resolved config may carry every key (the round-trip
+  // tests set them all), but a DiT built with frames would silently train on something else.
+  if (model.frames != 1)
+    throw ConfigError("'model.frames' is " + std::to_string(model.frames) +
+                      " but the DiT is an image model: video is model.arch flux with model.frames > 1");
   auto dit = std::make_shared<models::DiTImpl>(dit_options(model));
   dit->class_dropout = model.class_dropout;
   return dit;

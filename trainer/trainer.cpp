@@ -578,7 +578,7 @@ void Trainer::write_samples() {
   if (lead()) {
     const std::string path =
         (fs::path(config_.run.out_dir) / "samples" / fmt::format("step-{:07d}.png", progress_.step)).string();
-    const at::Tensor grid = write_sample_grid(path, samples, conditioning_.grid_columns);
+    const at::Tensor grid = write_sample_grid(path, samples, conditioning_.grid_columns, sample_video_fps(config_));
     if (tensorboard_) tensorboard_->add_image("samples", grid, progress_.step);
     spdlog::info("samples {} ({} images, {} {} steps, cfg {}) in {:.1f} s", path, config_.sample.num,
                  config_.sample.sampler, config_.sample.steps, config_.sample.cfg_scale, seconds_since(t0));
@@ -628,7 +628,7 @@ void Trainer::evaluate() {
     spdlog::info("eval at step {} ({} prompts, {} weights): prompt accuracy {:.1f}% (judge's ceiling {:.1f}%) | "
                  "class {:.1f}% | colour {:.1f}% | direction {:.1f}% | temporal consistency {:.1f}% | {:.1f} s",
                  progress_.step, m.scores.num, state_->has_ema() ? "EMA" : "raw", 100 * m.scores.prompt_accuracy,
-                 100 * m.prompt_accuracy_ceiling, 100 * m.scores.class_accuracy, 100 * m.scores.color_accuracy,
+                 100 * m.ceiling.prompt_accuracy, 100 * m.scores.class_accuracy, 100 * m.scores.color_accuracy,
                  100 * m.scores.direction_accuracy, 100 * m.scores.temporal_consistency, seconds_since(t0));
   } else if (lead()) {
     QualityReport q = score_eval_samples(samples, state_->model(), config_, device_);

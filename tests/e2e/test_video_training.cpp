@@ -5,6 +5,7 @@
 #include "cli_runner.h"
 #include "data/png.h"
 #include "data/safetensors.h"
+#include "data/video.h"
 #include "test_util.h"
 
 #include <gtest/gtest.h>
@@ -79,13 +80,19 @@ TEST(VideoTraining, TrainsOnClipsAndWritesFrameStripsAndVideos) {
   EXPECT_EQ(grid.size(1), 2 + 4 * (32 + 2)) << grid.sizes();
   EXPECT_TRUE(fs::exists(run + "/samples/step-0000006/00000.mp4"));
   EXPECT_TRUE(fs::exists(run + "/samples/step-0000006/00001.mp4"));
+  if (flowtrain::data::video_supported()) {  // played at the rate the clips were read at (8: the set's own)
+    const auto info = flowtrain::data::probe_video(read_file(run + "/samples/step-0000006/00000.mp4"), "sample");
+    EXPECT_EQ(info.frames, 4);
+    EXPECT_NEAR(info.fps, 8.0, 1e-6);
+  }
 
   // `flowtrain eval` judges motion following on the evaluation prompts and writes eval.json.
   auto e = run_flowtrain("eval -c " + run + "/config.yaml --checkpoint " + run + "/checkpoints/step-0000006 --num 6");
   ASSERT_EQ(e.exit_code, 0) << e.output;
   const auto report = nlohmann::json::parse(read_file(run + "/checkpoints/step-0000006/eval.json"));
   for (const char* key : {"prompt_accuracy", "class_accuracy", "color_accuracy", "direction_accuracy",
-                          "temporal_consistency", "prompt_accuracy_ceiling"}) {
+                          "temporal_consistency", "prompt_accuracy_ceiling", "class_accuracy_ceiling",
+                          "color_accuracy_ceiling", "direction_accuracy_ceiling"}) {
     ASSERT_TRUE(report.contains(key)) << key;
     EXPECT_GE(report[key].get<double>(), 0.0) << key;
     EXPECT_LE(report[key].get<double>(), 1.0) << key;

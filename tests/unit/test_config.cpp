@@ -1,12 +1,14 @@
 // Config loading: every kind of bad input must produce a message that names where (file and
 // line, or the --set), which key, and what was allowed; good input round-trips through to_yaml.
 #include "trainer/builders.h"
+#include "trainer/eval/sample_grid.h"
 #include "trainer/model_registry.h"
 #include "trainer/run_conditioning.h"
 #include "trainer/config/config.h"
 
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <functional>
 #include <string>
 #include <vector>
@@ -612,6 +614,30 @@ TEST(ConfigTest, NestedMapsSpellDottedKeys) {
   EXPECT_EQ(parse_config("data:\n  video:\n    frames: 8\n    fps: 4\n", "cfg.yaml").data.video_frames, 8);
   EXPECT_EQ(parse_config("data:\n  video.frames: 6\n", "cfg.yaml").data.video_frames, 6);
   EXPECT_EQ(parse_config("", "cfg.yaml", {"data.video.fps=2.5"}).data.video_fps, 2.5);
+  // Sample videos play at the rate the training clips were read at; the set's own rate is not
+  // known here, so 0 plays at make-moving-fashion's 8.
+  EXPECT_EQ(sample_video_fps(parse_config("", "cfg.yaml", {"data.video.fps=2"})), 2);
+  EXPECT_EQ(sample_video_fps(parse_config("", "cfg.yaml", {"data.video.fps=0.4"})), 1);
+  EXPECT_EQ(sample_video_fps(parse_config("", "cfg.yaml")), kDefaultSampleFps);
   EXPECT_EQ(parse_error("data:\n  video:\n    frame: 8\n"),
             "cfg.yaml:3: unknown key 'data.video.frame' (did you mean 'data.video.frames'?)");
+}
+
+TEST(ConfigTest, EveryShippedConfigLoadsAndValidates) {
+  // configs/*.yaml and configs/bench/*.yaml are what users start from: each must parse, carry
+  // only known keys and pass the cross-key checks (a video config's model.frames must equal its
+  // data.video.frames, checked here directly since that check runs with the data).
+  namespace fs = std::filesystem;
+  int64_t checked = 0;
+  for (const char* dir : {"configs", "configs/bench"}) {
+    for (const auto& entry : fs::directory_iterator(fs::path(FLOWTRAIN_SOURCE_DIR) / dir)) {
+      if (entry.path().extension() != ".yaml") continue;
+      SCOPED_TRACE(entry.path().string());
+      flowtrain::trainer::Config c;
+      EXPECT_NO_THROW(c = flowtrain::trainer::load_config(entry.path().string()));
+      if (c.model.frames > 1 && c.data.source == "shards") EXPECT_EQ(c.data.video_frames, c.model.frames);
+      ++checked;
+    }
+  }
+  EXPECT_GE(checked, 7);  // 3 in configs/, 4 in configs/bench/ when this was written
 }

@@ -193,7 +193,7 @@ int cmd_sample(const ConfigArgs& args, SampleArgs a) {
     return 0;
   }
   const std::string out = a.out.empty() ? "grid.png" : a.out;
-  trainer::write_sample_grid(out, samples, columns);
+  trainer::write_sample_grid(out, samples, columns, trainer::sample_video_fps(c));
   spdlog::info("wrote {} ({} samples from {} weights at step {}, {} {} steps, cfg {})", out, num,
                loaded.ema ? "EMA" : "raw", loaded.step, c.sample.sampler, c.sample.steps, c.sample.cfg_scale);
   return 0;

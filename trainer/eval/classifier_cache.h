@@ -32,6 +32,9 @@ struct ClassifierTrainOptions {
   double lr = 3e-3;               // peak; 50 warmup steps, cosine to 0
   uint64_t seed = 0;              // initialisation and data order
   int64_t max_train_images = 0;   // 0 = the whole training split (tests use fewer for speed)
+  // > 0: train and test on the images as a judge reads a garment drawn view_side pixels wide
+  // (images_seen_at); the transformed data hash names the cache file, so each view has its own.
+  int64_t view_side = 0;
 
   // A canonical one-line description; stored in the cache and compared on load.
   std::string recipe() const;
@@ -44,6 +47,11 @@ struct TrainedClassifier {
   std::string weights_hash;                  // 16 hex digits, as stored in the cache
   bool trained_now = false;                  // false: loaded from the cache
 };
+
+// uint8 [N, 1, 28, 28] images area-averaged down to side × side (how make-moving-fashion draws a
+// garment), rounded to uint8 (as stored), and scaled back to 28 × 28 bilinearly (how the motion
+// judge reads it): the classifier then learns the garments as the judge will see them.
+data::ImageDataset images_seen_at(const data::ImageDataset& images, int64_t side);
 
 // ${FLOWTRAIN_DEPS:-$HOME/.cache/flowtrain}/classifiers
 std::string default_classifier_dir();

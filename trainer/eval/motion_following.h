@@ -6,7 +6,8 @@
 // mean exceed kForeground; a frame with fewer than kMinForeground such pixels is empty. Per
 // non-empty frame: the foreground centroid, and the class of the 16×16 window centred on the
 // foreground's bounding box (the size a garment is drawn at), scaled to 28×28 for the project's
-// Fashion-MNIST classifier. Per clip: the class is the majority over frames, the colour the
+// Fashion-MNIST classifier — trained on garments seen the same way (classifier_cache.h,
+// images_seen_at 16), not on crisp 28×28 images. Per clip: the class is the majority over frames, the colour the
 // palette entry nearest the mean rgb / grey over all foreground pixels, the direction the
 // dominant axis and sign of the centroid's least-squares velocity (x: right/left, y: down/up).
 //
@@ -14,7 +15,8 @@
 //   class_accuracy, color_accuracy, direction_accuracy   each on its own
 //   temporal_consistency   mean over clips of the fraction of non-empty frames whose class is
 //                          the clip's majority class (a garment that morphs scores low)
-//   prompt_accuracy_ceiling  the same judge on the real clips of the evaluation prompts
+//   prompt_accuracy_ceiling  the same judge on the real clips of the evaluation prompts (and
+//   class_/color_/direction_accuracy_ceiling, field by field: where the judge itself errs)
 #pragma once
 
 #include "models/model.h"
@@ -61,9 +63,10 @@ MotionScores score_clip_readings(const std::vector<ClipReading>& readings, const
 
 struct MotionFollowingReport {
   MotionScores scores;
-  double prompt_accuracy_ceiling = 0;
+  MotionScores ceiling;  // the judge on the real clips of the same prompts
   // {"prompt_accuracy":…,"class_accuracy":…,"color_accuracy":…,"direction_accuracy":…,
-  //  "temporal_consistency":…,"prompt_accuracy_ceiling":…,"num":…}
+  //  "temporal_consistency":…,"prompt_accuracy_ceiling":…,"class_accuracy_ceiling":…,
+  //  "color_accuracy_ceiling":…,"direction_accuracy_ceiling":…,"num":…}
   std::string to_json() const;
 };
 

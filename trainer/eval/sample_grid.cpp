@@ -7,6 +7,8 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 
+#include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fmt/format.h>
 
@@ -80,12 +82,16 @@ std::vector<std::string> write_sample_videos(const std::string& grid_path, const
   return written;
 }
 
-at::Tensor write_sample_grid(const std::string& path, const at::Tensor& samples, int64_t columns) {
+int64_t sample_video_fps(const Config& config) {
+  return config.data.video_fps > 0 ? std::max<int64_t>(1, std::llround(config.data.video_fps)) : kDefaultSampleFps;
+}
+
+at::Tensor write_sample_grid(const std::string& path, const at::Tensor& samples, int64_t columns, int64_t video_fps) {
   const auto parent = std::filesystem::path(path).parent_path();
   if (!parent.empty()) std::filesystem::create_directories(parent);
   at::Tensor grid = sample_grid_image(samples, columns);
   data::write_png(path, grid);
-  if (samples.dim() == 5 && data::video_supported()) write_sample_videos(path, samples, /*fps=*/8);
+  if (samples.dim() == 5 && data::video_supported()) write_sample_videos(path, samples, video_fps);
   return grid;
 }
 

@@ -44,10 +44,15 @@ at::Tensor generate_samples(const models::VelocityFn& velocity, const models::Di
 // Lays samples out `columns` to a row (one class per column for class grids): uint8 [H, W] or [H, W, 3].
 // Clips [N, C, T, H, W] are laid out one a row, frame by frame (a frame strip; `columns` unused).
 at::Tensor sample_grid_image(const at::Tensor& samples, int64_t columns);
-// The same grid written as a PNG, atomically; for clips also one lossless MP4 per clip (8 fps)
-// in the directory beside it named after it (…/step-0001000.png -> …/step-0001000/00000.mp4),
-// where this build has FFmpeg. Returns the grid image.
-at::Tensor write_sample_grid(const std::string& path, const at::Tensor& samples, int64_t columns);
+// The frame rate generated clips are played at: the one the training clips were decoded at
+// (data.video.fps, rounded), else kDefaultSampleFps (make-moving-fashion's rate).
+constexpr int64_t kDefaultSampleFps = 8;
+int64_t sample_video_fps(const Config& config);
+// The same grid written as a PNG, atomically; for clips also one lossless MP4 per clip at
+// `video_fps` in the directory beside it named after it (…/step-0001000.png ->
+// …/step-0001000/00000.mp4), where this build has FFmpeg. Returns the grid image.
+at::Tensor write_sample_grid(const std::string& path, const at::Tensor& samples, int64_t columns,
+                             int64_t video_fps = kDefaultSampleFps);
 // Clips [N, C, T, H, W] in [−1, 1] as DIR/00000.mp4 … (DIR: grid_path without its extension);
 // returns the paths.
 std::vector<std::string> write_sample_videos(const std::string& grid_path, const at::Tensor& clips, int64_t fps);
