@@ -105,6 +105,9 @@ data::ShardLoaderOptions shard_loader_options(const Config& c, int64_t dp_rank, 
   if (o.spec.video_frames > 0 && !c.data.buckets.empty())
     throw ConfigError("'data.buckets' and 'data.video.frames' together are not supported yet");
   // Clips train a video model frame for frame (no VAE here: a pixel frame is a latent frame).
+  if (o.spec.video_frames == 1 && c.model.frames == 1)
+    throw ConfigError("'data.video.frames' is 1: one-frame clips are images; an image model (model.frames 1) reads "
+                      "image members (data.video.frames 0), a video model needs model.frames = data.video.frames > 1");
   if (o.spec.video_frames != (c.model.frames > 1 ? c.model.frames : 0))
     throw ConfigError(o.spec.video_frames > 0
                           ? fmt::format("'data.video.frames' is {} but 'model.frames' is {}: a video model (model.arch "

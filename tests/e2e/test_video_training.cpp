@@ -103,4 +103,15 @@ TEST(VideoTraining, TrainsOnClipsAndWritesFrameStripsAndVideos) {
   auto bad = train_video(scratch_dir("video_bad"), {"model.frames=2"});
   EXPECT_NE(bad.exit_code, 0);
   EXPECT_NE(bad.output.find("'data.video.frames' is 4 but 'model.frames' is 2"), std::string::npos) << bad.output;
+  auto one = train_video(scratch_dir("video_one_frame"), {"model.frames=1", "data.video.frames=1"});
+  EXPECT_NE(one.exit_code, 0);
+  EXPECT_NE(one.output.find("'data.video.frames' is 1: one-frame clips are images"), std::string::npos) << one.output;
+  // A video model on an image source is refused before anything is written.
+  auto images = run_flowtrain("train -c " + source_path("tests/configs/tiny_video.yaml") + " --set run.out_dir=" +
+                              scratch_dir("video_on_images") + " --set data.source=fashion_mnist --set data.path=" +
+                              fashion_mnist_dir() + " --set model.in_channels=1");
+  EXPECT_NE(images.exit_code, 0);
+  EXPECT_NE(images.output.find("'model.frames' is 4 (a video model) but data.source 'fashion_mnist' holds images"),
+            std::string::npos)
+      << images.output;
 }

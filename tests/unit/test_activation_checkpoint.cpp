@@ -18,15 +18,19 @@ namespace {
 
 models::DiT make_model() { return test::perturbed_small_dit(/*depth=*/3, /*seed=*/1); }
 
+std::map<std::string, at::Tensor> parameter_gradients(torch::nn::Module& model) {
+  std::map<std::string, at::Tensor> grads;
+  for (const auto& item : model.named_parameters())
+    if (item.value().grad().defined()) grads[item.key()] = item.value().grad().clone();
+  return grads;
+}
+
 std::map<std::string, at::Tensor> gradients_of(models::DiT& model, const at::Tensor& x, const at::Tensor& t,
                                                const at::Tensor& y, double* loss) {
   at::Tensor l = model->forward(x, t, y).pow(2).mean();
   l.backward();
   *loss = l.item<double>();
-  std::map<std::string, at::Tensor> grads;
-  for (const auto& item : model->named_parameters())
-    if (item.value().grad().defined()) grads[item.key()] = item.value().grad().clone();
-  return grads;
+  return parameter_gradients(*model);
 }
 
 }  // namespace
@@ -76,10 +80,7 @@ TEST(ActivationCheckpoint, TheRecomputeRunsUnderTheFirstForwardsAutocast) {
     if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
     at::autocast::set_autocast_enabled(at::kCPU, false);
     loss.backward();
-    std::map<std::string, at::Tensor> grads;
-    for (const auto& item : model->named_parameters())
-      if (item.value().grad().defined()) grads[item.key()] = item.value().grad().clone();
-    return grads;
+    return parameter_gradients(*model);
   };
   auto want = gradients(false), got = gradients(true);
   ASSERT_EQ(want.size(), got.size());
@@ -113,13 +114,6 @@ TEST(ActivationCheckpoint, RandomDrawsAreReplayedInTheRecompute) {
 }
 
 namespace {
-
-std::map<std::string, at::Tensor> parameter_gradients(torch::nn::Module& model) {
-  std::map<std::string, at::Tensor> grads;
-  for (const auto& item : model.named_parameters())
-    if (item.value().grad().defined()) grads[item.key()] = item.value().grad().clone();
-  return grads;
-}
 
 // Installs selective checkpointing of `part` on every block, counting the recomputed sublayers.
 void checkpoint_sublayers(models::DiffusionModel& model, models::Sublayer part, int64_t* count) {
