@@ -114,7 +114,11 @@ FlowMatchingLoss flow_matching_loss(const VelocityFn& model, const at::Tensor& x
   at::Tensor target = d.noise - x0;
   at::Tensor v = model(x_t, d.t, d.cond);
   if (v.size(1) != x0.size(1)) v = v.narrow(1, 0, x0.size(1));  // learn-sigma: use the first C channels
-  return {at::mse_loss(v.to(at::kFloat), target.to(at::kFloat)), d.t};
+  const at::Tensor error = v.to(at::kFloat) - target.to(at::kFloat);
+  // The loss is mse_loss itself (bit-equal to PyTorch's); the per-sample view is a detached
+  // by-product for the health report.
+  at::Tensor per_sample = error.detach().pow(2).flatten(1).mean(1);
+  return {at::mse_loss(v.to(at::kFloat), target.to(at::kFloat)), d.t, per_sample};
 }
 
 at::Tensor sampling_times(int64_t steps, double shift) {

@@ -66,6 +66,7 @@ FlowMatchingDraw draw_flow_matching_inputs_per_row(const at::Tensor& x0, const C
 struct FlowMatchingLoss {
   at::Tensor loss;       // scalar, mean over all elements: mean((v_pred − (ε − x0))²)
   at::Tensor t;          // [B] the sampled times (for logging per-t loss later)
+  at::Tensor per_sample; // [B] detached: each sample's mean squared error (loss-spike forensics)
 };
 
 // mean((v(x_t, t, cond) − (ε − x0))²) for a given draw. A model with more output channels than

@@ -31,6 +31,12 @@ using WorkHandle = std::shared_ptr<Work>;
 
 enum class ReduceOp { Sum, Avg };
 
+// Host seconds the calling thread has spent blocked in Work::wait() (barriers included), over
+// the process's life. The training thread's share of a step is its collective wait: time spent
+// waiting for peers (and the transfer itself) rather than computing. On NCCL wait() does not block
+// the host, so there it counts only the host-side waits (the straggler report is coarser).
+double collective_wait_seconds();
+
 class Comm {
  public:
   virtual ~Comm() = default;

@@ -23,6 +23,8 @@ namespace flowtrain::parallel {
 
 namespace {
 
+thread_local double t_collective_wait_s = 0;  // per thread: the checkpoint saver's votes are not the step's
+
 // First line of a c10d error: their messages carry long C++ stack traces.
 std::string first_line(const std::string& s) {
   const auto nl = s.find('\n');
@@ -35,11 +37,13 @@ class C10dWork : public Work {
       : work_(std::move(work)), what_(std::move(what)), then_(std::move(then)) {}
   void wait() override {
     if (done_) return;
+    const auto t0 = std::chrono::steady_clock::now();
     try {
       work_->wait();
     } catch (const std::exception& e) {
       throw CommError(fmt::format("{} failed: {}", what_, first_line(e.what())));
     }
+    t_collective_wait_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     done_ = true;
     if (then_) then_();
   }
@@ -319,6 +323,8 @@ class C10dRuntime : public Runtime {
 };
 
 }  // namespace
+
+double collective_wait_seconds() { return t_collective_wait_s; }
 
 std::unique_ptr<Runtime> Runtime::create(const RuntimeOptions& options) {
   return std::make_unique<C10dRuntime>(options);

@@ -306,6 +306,10 @@ void FullyShardedModule::start_reduce(Unit& u) {
     u.reduce_input.narrow(0, u.layout.params[k].offset, u.layout.params[k].numel).copy_(p.grad().reshape(-1));
     p.mutable_grad() = at::Tensor();  // the unsharded gradient is no longer needed
   }
+  // One reduction over the buffer about to be sent: the health check's evidence of this rank's
+  // own gradients (a NaN is summed into the owners' shards by the reduce-scatter).
+  const at::Tensor local_sum = u.reduce_input.sum().to(at::kFloat);
+  local_gradient_sum_ = local_gradient_sum_.defined() ? local_gradient_sum_ + local_sum : local_sum;
   u.reduce_output = at::empty({u.layout.shard_numel}, opts);
   const ReduceOp op = options_.fault == ReductionFault::SumOverShardGroup ? ReduceOp::Sum : ReduceOp::Avg;
   u.reduce_work = shard_.reduce_scatter(u.reduce_output, u.reduce_input, op);
@@ -350,6 +354,12 @@ void FullyShardedModule::finish_reduce(Unit& u) {
 void FullyShardedModule::accumulate_shard_grad(Unit& u, const at::Tensor& reduced) {
   if (u.shard.grad().defined()) u.shard.mutable_grad().add_(reduced);
   else u.shard.mutable_grad() = reduced;
+}
+
+at::Tensor FullyShardedModule::take_local_gradient_sum() {
+  at::Tensor out = local_gradient_sum_;
+  local_gradient_sum_ = at::Tensor();
+  return out;
 }
 
 void FullyShardedModule::finish_backward() {

@@ -115,6 +115,10 @@ class FullyShardedModule {
   void finish_backward();
   // Releases every gathered buffer (after sampling under no-grad, before swapping shards).
   void reshard_all();
+  // The sum of every gradient element this rank fed to its reduce-scatters since the last call
+  // (a device scalar; undefined when none): non-finite iff one of this rank's own gradients was,
+  // before the reduction mixed them with the other ranks' — how a health report names the rank.
+  at::Tensor take_local_gradient_sum();
 
   // --- the sharded state -------------------------------------------------------------------
   // In execution order: stem, blocks, head.
@@ -167,6 +171,7 @@ class FullyShardedModule {
   std::vector<Unit*> blocks_;
   Unit* stem_ = nullptr;  // null when the plan has no stem parameters
   Unit* head_ = nullptr;
+  at::Tensor local_gradient_sum_;  // see take_local_gradient_sum()
   std::vector<FsdpUnitLayout> layouts_;
   std::deque<Unit*> reducing_;  // reduce-scatters in flight, oldest first
   std::deque<c10::Event> released_marks_, reduced_marks_;  // CUDA: see mark_device

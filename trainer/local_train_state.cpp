@@ -37,8 +37,41 @@ class LocalTrainState : public TrainState {
   models::DiffusionModel& model() override { return *model_; }
 
   StepReduction reduce_and_clip(const at::Tensor& local_loss, double max_norm, bool stop_requested) override {
-    at::Tensor norm = clip_grad_norm(model_->parameters(), max_norm);
-    return {norm, local_loss, at::full({}, stop_requested ? 1.0 : 0.0)};
+    at::Tensor per_param;
+    at::Tensor norm = clip_grad_norm(model_->parameters(), max_norm, &per_param);
+    // One process: its own gradients are the global ones, so the norm is the local evidence too.
+    return {norm, local_loss, at::full({}, stop_requested ? 1.0 : 0.0), norm, per_param};
+  }
+  void discard_gradients() override { optimizer_->zero_grad(); }
+  std::vector<std::string> parameter_names() const override {
+    std::vector<std::string> names;
+    for (const auto& item : model_->named_parameters()) names.push_back(item.key());
+    return names;
+  }
+  std::vector<at::Tensor> trainable_tensors() override {
+    std::vector<at::Tensor> out;
+    for (const auto& p : model_->parameters())
+      if (p.requires_grad()) out.push_back(p);
+    return out;
+  }
+  std::vector<std::pair<std::string, double>> parameter_sq_norms(const std::vector<at::Tensor>& tensors) override {
+    std::vector<std::pair<std::string, double>> out;
+    std::vector<at::Tensor> sums;
+    size_t i = 0;
+    for (const auto& item : model_->named_parameters()) {
+      if (!item.value().requires_grad()) continue;
+      const at::Tensor& t = tensors.at(i++);
+      out.emplace_back(item.key(), 0.0);
+      sums.push_back(t.defined() ? t.detach().to(at::kFloat).pow(2).sum() : at::zeros({}));
+    }
+    const at::Tensor all = at::stack(sums).to(at::kCPU, at::kDouble);  // one read for all of them
+    for (size_t k = 0; k < out.size(); ++k) out[k].second = all[static_cast<int64_t>(k)].item<double>();
+    return out;
+  }
+  std::string first_nonfinite_gradient() override {
+    for (const auto& item : model_->named_parameters())
+      if (item.value().grad().defined() && !at::isfinite(item.value().grad()).all().item<bool>()) return item.key();
+    return "";
   }
   void optimizer_step(double lr) override {
     optimizer_->step(lr);

@@ -82,16 +82,26 @@ void AdamW::zero_grad() {
   }
 }
 
-at::Tensor clip_grad_norm(const std::vector<at::Tensor>& params, double max_norm) {
+at::Tensor clip_grad_norm(const std::vector<at::Tensor>& params, double max_norm, at::Tensor* per_param) {
   at::NoGradGuard no_grad;
   std::vector<at::Tensor> grads;
-  for (const auto& p : params) {
-    if (p.grad().defined()) grads.push_back(p.grad());
+  std::vector<int64_t> with_grad;
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (!params[i].grad().defined()) continue;
+    grads.push_back(params[i].grad());
+    with_grad.push_back(static_cast<int64_t>(i));
   }
   if (grads.empty()) return at::zeros({}, at::TensorOptions().dtype(at::kFloat));
   // fp32 norm of each gradient, then the norm of those: torch.nn.utils.clip_grad_norm_'s order.
   // The _foreach ops are one multi-tensor kernel on CUDA and the per-tensor loop on the CPU.
-  at::Tensor total = at::linalg_vector_norm(at::stack(at::_foreach_norm(grads, 2, at::kFloat)), 2);
+  const at::Tensor norms = at::stack(at::_foreach_norm(grads, 2, at::kFloat));
+  at::Tensor total = at::linalg_vector_norm(norms, 2);
+  if (per_param) {
+    *per_param = grads.size() == params.size()
+                     ? norms
+                     : at::zeros({static_cast<int64_t>(params.size())}, norms.options())
+                           .index_copy_(0, at::tensor(with_grad).to(norms.device()), norms);
+  }
   if (max_norm > 0) at::_foreach_mul_(grads, clip_coefficient(total, max_norm));
   return total;
 }

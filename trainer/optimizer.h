@@ -57,7 +57,9 @@ class AdamW {
 // Global L2 norm of all gradients (computed in fp32, on the device: no host sync), and scales
 // them in place by min(1, max_norm / (norm + 1e-6)) when max_norm > 0. Returns the norm before
 // clipping. Non-finite norms are returned unchanged and nothing is scaled (the caller decides).
-at::Tensor clip_grad_norm(const std::vector<at::Tensor>& params, double max_norm);
+// `per_param` (optional) receives each parameter's gradient norm, [params.size()], 0 for a
+// parameter without a gradient: the health check names the first non-finite one from it.
+at::Tensor clip_grad_norm(const std::vector<at::Tensor>& params, double max_norm, at::Tensor* per_param = nullptr);
 
 // The clip rule, one place for both train states: scale gradients by
 // clamp(max_norm / (norm + 1e-6), max = 1), and by 1 when the norm is not finite, so a NaN step is

@@ -12,6 +12,8 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include <limits>
+
 namespace flowtrain::trainer {
 
 namespace {
@@ -88,7 +90,66 @@ class ShardedTrainState : public TrainState {
       for (const auto& [name, s] : fsdp_->named_shards())
         if (s.grad().defined()) s.grad().mul_(coef);
     }
-    return {norm, packed[1], packed[2]};
+    at::Tensor local = fsdp_->take_local_gradient_sum();
+    if (!local.defined()) local = at::zeros({}, sumsq.options());
+    return {norm, packed[1], packed[2], local, at::Tensor()};
+  }
+
+  void discard_gradients() override { optimizer_->zero_grad(); }
+  std::vector<std::string> parameter_names() const override { return layout_.order; }
+
+  std::vector<at::Tensor> trainable_tensors() override { return shards(); }
+  std::vector<std::pair<std::string, double>> parameter_sq_norms(const std::vector<at::Tensor>& tensors) override {
+    // Each rank sums the squares of every parameter's slice in its shards; the world sum counts
+    // each slice once per holder (dp_replicate replicas × cp context ranks), hence the division.
+    at::NoGradGuard no_grad;
+    const int64_t shard_rank = runtime_.shard_group().rank();
+    std::vector<std::pair<std::string, double>> out;
+    std::vector<at::Tensor> sums;
+    for (size_t u = 0; u < layout_.units.size(); ++u) {
+      const parallel::FsdpUnitLayout& unit = layout_.units[u];
+      const at::Tensor& t = tensors.at(u);
+      const int64_t begin = shard_rank * unit.shard_numel, end = begin + unit.shard_numel;
+      for (const auto& p : unit.params) {
+        out.emplace_back(p.name, 0.0);
+        const int64_t lo = std::max(begin, p.offset), hi = std::min(end, p.offset + p.numel);
+        sums.push_back(t.defined() && lo < hi ? t.narrow(0, lo - begin, hi - lo).to(at::kFloat).pow(2).sum()
+                                              : at::zeros({}, tensors.front().options().dtype(at::kFloat)));
+      }
+    }
+    at::Tensor all = at::stack(sums);
+    runtime_.world_group().all_reduce(all, parallel::ReduceOp::Sum)->wait();
+    const auto& shape = runtime_.mesh().shape();
+    all = (all.to(at::kCPU, at::kDouble) / double(shape.dp_replicate * shape.cp)).contiguous();
+    for (size_t k = 0; k < out.size(); ++k) out[k].second = all.data_ptr<double>()[k];
+    return out;
+  }
+
+  std::string first_nonfinite_gradient() override {
+    // Each rank scans its shards in forward order; the smallest index over the world wins.
+    at::NoGradGuard no_grad;
+    const int64_t shard_rank = runtime_.shard_group().rank();
+    const auto shards = fsdp_->named_shards();
+    int64_t index = 0, found = std::numeric_limits<int64_t>::max();
+    std::vector<std::string> names;
+    for (size_t u = 0; u < layout_.units.size() && u < shards.size(); ++u) {
+      const parallel::FsdpUnitLayout& unit = layout_.units[u];
+      const at::Tensor& grad = shards[u].second.grad();
+      const int64_t begin = shard_rank * unit.shard_numel, end = begin + unit.shard_numel;
+      for (const auto& p : unit.params) {
+        names.push_back(p.name);
+        const int64_t lo = std::max(begin, p.offset), hi = std::min(end, p.offset + p.numel);
+        if (found == std::numeric_limits<int64_t>::max() && grad.defined() && lo < hi &&
+            !at::isfinite(grad.narrow(0, lo - begin, hi - lo)).all().item<bool>())
+          found = index;
+        ++index;
+      }
+    }
+    at::Tensor mine = at::full({1}, found, at::TensorOptions().dtype(at::kLong).device(shards.front().second.device()));
+    at::Tensor all = at::empty({runtime_.world_group().size()}, mine.options());
+    runtime_.world_group().all_gather(all, mine)->wait();
+    const int64_t first = all.min().item<int64_t>();
+    return first < static_cast<int64_t>(names.size()) ? names[first] : "";
   }
 
   void optimizer_step(double lr) override {

@@ -24,6 +24,8 @@ namespace flowtrain::trainer {
 // the data-parallel mean loss, and whether any rank asked to stop (a signal), agreed by all.
 struct StepReduction {
   at::Tensor grad_norm, loss, stop;
+  at::Tensor local_gradient_sum;  // this rank's own gradients summed before any reduction (health)
+  at::Tensor param_norms;         // one process: per-parameter gradient norms, forward order (health)
 };
 
 class TrainState {
@@ -35,6 +37,18 @@ class TrainState {
   // Global grad norm; grads are scaled in place by min(1, max_norm/norm) when max_norm > 0.
   virtual StepReduction reduce_and_clip(const at::Tensor& local_loss, double max_norm, bool stop_requested) = 0;
   virtual void optimizer_step(double lr) = 0;  // AdamW, then gradients cleared
+  // Drops the step's gradients without an update (health.nonfinite / spike: skip).
+  virtual void discard_gradients() = 0;
+  // Parameter names in forward order (the order of StepReduction::param_norms).
+  virtual std::vector<std::string> parameter_names() const = 0;
+  // The first parameter (forward order) whose reduced gradient has a non-finite value on any
+  // rank, or ""; under FSDP a collective (every rank calls it). Gradients must still be present.
+  virtual std::string first_nonfinite_gradient() = 0;
+  // The tensors AdamW updates on this rank (the parameters, or FSDP's flat unit shards), and the
+  // global squared L2 norm of each named parameter's part of `tensors` (laid out like
+  // trainable_tensors(): their gradients, copies, differences). Under FSDP a collective.
+  virtual std::vector<at::Tensor> trainable_tensors() = 0;
+  virtual std::vector<std::pair<std::string, double>> parameter_sq_norms(const std::vector<at::Tensor>& tensors) = 0;
   virtual void ema_update(double decay) = 0;
   virtual bool has_ema() const = 0;
   virtual int64_t optimizer_step_count() const = 0;

@@ -19,6 +19,8 @@
 #include "trainer/checkpoint/state_dict.h"
 #include "trainer/telemetry/memory_stats.h"
 #include "trainer/eval/sample_grid.h"
+#include "trainer/health/batch_ordinals.h"
+#include "parallel/comm.h"
 #include "trainer/stop_signal.h"
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -27,7 +29,10 @@
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
+#include <unistd.h>
+
 #include <chrono>
+#include <cstring>
 #include <thread>
 #include <exception>
 #include <filesystem>
@@ -200,10 +205,9 @@ Trainer::Trainer(Config config, TrainerHooks hooks) : config_(std::move(config))
     const auto group = runtime_->mesh().context_group(env_.rank);
     data_lead_ = env_.rank == *std::min_element(group.begin(), group.end());
   }
-  if (config_.data.source == "shards" && progress_.shards) progress_.loader = shard_start_state(*progress_.shards);
-  loader_ = make_batch_source(config_, dataset_, dp_rank_, dp_size_, device_, progress_.loader);
-  if (const auto* shards = dynamic_cast<const data::ShardLoader*>(loader_.get())) check_shard_fingerprint(*shards);
-  if (config_.data.source == "shards" && config_.data.record_keys) open_key_logs();
+  for (int64_t b : parse_batch_ordinals(config_.data.skip_batches, "data.skip_batches"))
+    progress_.skip_batches.insert(b);
+  start_data();
   if (lead()) {
     metrics_ = std::make_unique<MetricsWriter>((fs::path(config_.run.out_dir) / "metrics.jsonl").string(), progress_.step);
     if (config_.train.tensorboard)
@@ -212,7 +216,12 @@ Trainer::Trainer(Config config, TrainerHooks hooks) : config_(std::move(config))
   if (config_.profile.enabled)
     profiler_ = std::make_unique<StepProfiler>(config_.profile, config_.run.out_dir, static_cast<int>(env_.rank),
                                                device_.is_cuda());
-  all_finite_ = at::ones({}, at::TensorOptions().dtype(at::kBool).device(device_));
+  faults_ = std::make_unique<FaultInjector>(config_.debug, env_.rank);
+  faults_->attach(state_->model());
+  health_ = std::make_unique<HealthMonitor>(config_.health, health_wiring());
+  telemetry_ = BlockTelemetry(config_.health.telemetry_every);
+  health_->set_skipped_updates(progress_.skipped_updates);
+  if (progress_.step > 0) health_->record_event(progress_.step, "resume");
   SaveGroup group{env_.rank, {}};
   if (runtime_) {
     group.all_ok = [this](bool ok) {  // from the saver's thread: the checkpoint group only
@@ -224,6 +233,55 @@ Trainer::Trainer(Config config, TrainerHooks hooks) : config_(std::move(config))
   saver_ = std::make_unique<CheckpointSaver>((fs::path(config_.run.out_dir) / "checkpoints").string(),
                                              config_.checkpoint.keep, std::move(group), config_.checkpoint.async);
   if (!lead()) spdlog::set_level(spdlog::level::warn);  // rank 0 narrates; the others speak up on problems
+}
+
+void Trainer::start_data() {
+  if (config_.data.source == "shards" && progress_.shards) progress_.loader = shard_start_state(*progress_.shards);
+  loader_.reset();  // a rollback's old loader stops its workers before the new one starts
+  loader_ = make_batch_source(config_, dataset_, dp_rank_, dp_size_, device_, progress_.loader);
+  if (const auto* shards = dynamic_cast<const data::ShardLoader*>(loader_.get())) check_shard_fingerprint(*shards);
+  if (config_.data.source == "shards" && config_.data.record_keys) open_key_logs();
+}
+
+HealthMonitor::Wiring Trainer::health_wiring() {
+  HealthMonitor::Wiring w;
+  w.rank = env_.rank;
+  w.world = env_.world;
+  w.out_dir = config_.run.out_dir;
+  w.param_names = state_->parameter_names();
+  w.device = device_;
+  // Judged every step where reading two numbers costs nothing extra: the CPU, a multi-rank step
+  // (its stop vote is read every step anyway), or where a policy must act before the update.
+  const bool acting = config_.health.nonfinite != "stop" || config_.health.spike == "skip" ||
+                      config_.health.spike == "rollback";
+  w.judge_every_step = runtime_ != nullptr || device_.is_cpu() || acting;
+  char host[256] = {0};
+  gethostname(host, sizeof(host) - 1);
+  w.hosts = {host};
+  if (runtime_) {
+    constexpr int64_t kHostBytes = 64;
+    at::Tensor mine = at::zeros({kHostBytes}, at::TensorOptions().dtype(at::kByte));
+    std::memcpy(mine.data_ptr<uint8_t>(), host, std::min<size_t>(std::strlen(host), kHostBytes - 1));
+    at::Tensor all = at::empty({env_.world * kHostBytes}, mine.options().device(device_));
+    runtime_->world_group().all_gather(all, mine.to(device_))->wait();
+    all = all.cpu();
+    w.hosts.clear();
+    for (int64_t r = 0; r < env_.world; ++r)
+      w.hosts.emplace_back(reinterpret_cast<const char*>(all.data_ptr<uint8_t>() + r * kHostBytes));
+    w.gather = [this](const std::vector<double>& values) {
+      const auto n = static_cast<int64_t>(values.size());
+      at::Tensor mine = at::tensor(values, at::TensorOptions().dtype(at::kDouble)).to(device_);
+      at::Tensor all = at::empty({env_.world * n}, mine.options());
+      runtime_->world_group().all_gather(all, mine)->wait();
+      all = all.cpu();
+      std::vector<std::vector<double>> out;
+      for (int64_t r = 0; r < env_.world; ++r)
+        out.emplace_back(all.data_ptr<double>() + r * n, all.data_ptr<double>() + (r + 1) * n);
+      return out;
+    };
+    w.first_nonfinite_param = [this] { return state_->first_nonfinite_gradient(); };
+  }
+  return w;
 }
 
 Trainer::~Trainer() {
@@ -422,14 +480,33 @@ void Trainer::open_key_logs() {
   key_log_ = std::make_unique<KeyLog>(config_.run.out_dir, dp_rank_, progress_.loader.keys_written);
 }
 
+data::Batch Trainer::next_batch() {
+  for (;;) {
+    data::Batch batch = loader_->next();
+    progress_.batches_drawn += 1;
+    if (!progress_.skip_batches.count(progress_.batches_drawn)) return batch;
+    progress_.loader = batch.state_after;  // consumed, never trained on
+    spdlog::warn("health: batch #{} is discarded (data.skip_batches, or a rollback past it); step {} takes the next",
+                 progress_.batches_drawn, progress_.step + 1);
+  }
+}
+
 Trainer::StepResult Trainer::train_step() {
   const int64_t accum = config_.train.grad_accum;
+  const int64_t step = progress_.step + 1;  // the step being taken
+  const double comm_at_start = parallel::collective_wait_seconds();
   const auto t_data = Clock::now();
   data::Batch batch = [&] {
     ProfileRange range("data_wait");
-    return loader_->next();
+    faults_->before_data(step);
+    return next_batch();
   }();
-  StepResult r{at::zeros({}, at::TensorOptions().dtype(at::kFloat).device(device_)), {}, {}, seconds_since(t_data)};
+  StepResult r;
+  r.loss = at::zeros({}, at::TensorOptions().dtype(at::kFloat).device(device_));
+  r.data_wait_s = seconds_since(t_data);
+  faults_->begin_step(step);
+  const double loss_scale = faults_->loss_scale(step);
+  std::vector<at::Tensor> sample_losses;
   // From pinned memory on CUDA: asynchronous copies, ordered before the step's kernels on the stream.
   at::Tensor images = batch.images.to(device_, /*non_blocking=*/true);
   // Clips arrive frame-major [B, T, C, H, W] (data/batch_source.h); a video model takes [B, C, T, H, W].
@@ -452,7 +529,9 @@ Trainer::StepResult Trainer::train_step() {
       models::AutocastRegion autocast(config_.train.precision == "bf16", device_.type());  // bf16: forward only
       models::FlowMatchingDraw draw = draw_step_inputs(config_, timesteps_, dropout, x0, cond.rows(m * micro, micro),
                                                        progress_.step, first_row + m * micro);
-      loss = models::flow_matching_loss(velocity, x0, draw).loss;
+      models::FlowMatchingLoss fm = models::flow_matching_loss(velocity, x0, draw);
+      loss = loss_scale == 1.0 ? fm.loss : fm.loss * loss_scale;
+      sample_losses.push_back(loss_scale == 1.0 ? fm.per_sample : fm.per_sample * loss_scale);
     }
     {
       ProfileRange range("backward");
@@ -469,15 +548,55 @@ Trainer::StepResult Trainer::train_step() {
   // or on a failed save under checkpoint.on_error: stop (ranks may see that at different steps).
   const bool stop_requested = stop_signal() != 0 || !checkpoint_error_.empty();
   StepReduction red = state_->reduce_and_clip(r.loss, config_.optim.grad_clip, stop_requested);
+  faults_->end_step();
+  const at::Tensor local_loss_bad = at::isfinite(r.loss).logical_not();  // this rank's own loss, before the mean
   r.loss = red.loss;
   r.grad_norm = red.grad_norm;
   r.stop = red.stop;
   peak_state_bytes_ = std::max(peak_state_bytes_, state_->state_bytes());  // gradients are all present here
-  all_finite_.logical_and_(at::isfinite(r.loss).logical_and(at::isfinite(r.grad_norm)));
+  StepVerdict verdict;
+  {
+    StepObservation obs;
+    obs.step = step;
+    obs.batch_ordinal = progress_.batches_drawn;
+    obs.loss = red.loss;
+    obs.grad_norm = red.grad_norm;
+    obs.local_flags = at::stack({local_loss_bad.to(at::kFloat),
+                                 at::isfinite(red.local_gradient_sum).logical_not().to(at::kFloat)});
+    obs.param_norms = red.param_norms;
+    obs.sample_losses = at::cat(sample_losses);
+    obs.sample_keys = batch.keys;
+    verdict = health_->observe(std::move(obs));
+    r.action = verdict.action;
+  }
+  r.comm_wait_s = parallel::collective_wait_seconds() - comm_at_start;
+  if (r.action == HealthAction::Stop)
+    throw TrainingError(fmt::format("{} ({}/checkpoints)", verdict.reason, config_.run.out_dir));
+  if (r.action == HealthAction::Rollback) return r;  // run() rolls back; nothing of this step is kept
+  if (batch.state_after.epoch != progress_.loader.epoch)
+    health_->record_event(step, fmt::format("data epoch {}", batch.state_after.epoch));
+  if (r.action == HealthAction::Skip) {
+    // The batch is consumed and the step counted, but the weights, AdamW and the EMA stay as
+    // they were: the skipped update never happened.
+    state_->discard_gradients();
+    progress_.skipped_updates = health_->skipped_updates();
+    progress_.step += 1;
+    progress_.samples_seen += config_.data.batch_size;
+    progress_.loader = batch.state_after;
+    if (key_log_) key_log_->append(batch.keys);
+    return r;
+  }
 
   progress_.lr = schedule_.lr_at(progress_.step);
   saver_->before_state_update();  // CUDA: a save's staging copies finish before the update overwrites them
+  const bool telemetry = telemetry_.due(step);
+  if (telemetry) telemetry_.before_update(*state_);
   state_->optimizer_step(progress_.lr);
+  if (telemetry) {
+    const std::map<std::string, double> blocks = telemetry_.after_update(*state_);
+    if (metrics_) metrics_->write(step, blocks);
+    if (tensorboard_) tensorboard_->add_scalars(blocks, step);
+  }
   state_->ema_update(Ema::decay_at(config_.train.ema_decay, config_.train.ema_warmup, progress_.step));
   progress_.step += 1;
   progress_.samples_seen += config_.data.batch_size;
@@ -486,16 +605,45 @@ Trainer::StepResult Trainer::train_step() {
   return r;
 }
 
-void Trainer::check_finite(const char* when) {
-  if (all_finite_.item<bool>()) return;
-  throw TrainingError(fmt::format("non-finite loss or gradient norm at or before step {} (checked {}); "
-                                  "stopping without saving — the last checkpoint in {}/checkpoints is intact",
-                                  progress_.step, when, config_.run.out_dir));
+void Trainer::check_health(const char* when) {
+  const StepVerdict v = health_->judge_pending();
+  if (v.action == HealthAction::Stop)
+    throw TrainingError(fmt::format("{} (checked {}, at step {}; {}/checkpoints)", v.reason, when, progress_.step,
+                                    config_.run.out_dir));
+}
+
+void Trainer::rollback(const std::string& reason) {
+  const int64_t failed_step = progress_.step + 1, bad_batch = progress_.batches_drawn;
+  finish_saves();  // the newest checkpoint may still be persisting
+  const std::string checkpoints = (fs::path(config_.run.out_dir) / "checkpoints").string();
+  const auto latest = find_latest_checkpoint(checkpoints, [](const std::string& w) { spdlog::warn("{}", w); });
+  if (!latest)
+    throw TrainingError(fmt::format("health.{}: rollback at step {} needs a checkpoint and {} has none that "
+                                    "verifies; stopping ({})",
+                                    "nonfinite/spike", failed_step, checkpoints, reason));
+  std::set<int64_t> skips = progress_.skip_batches;
+  skips.insert(bad_batch);
+  const int64_t skipped_updates = health_->skipped_updates();
+  state_->discard_gradients();
+  restore(*latest);
+  progress_.skip_batches.insert(skips.begin(), skips.end());
+  progress_.skipped_updates = skipped_updates;
+  start_data();
+  if (metrics_) metrics_ = std::make_unique<MetricsWriter>((fs::path(config_.run.out_dir) / "metrics.jsonl").string(),
+                                                           progress_.step);  // the replayed steps' lines go
+  ++rollbacks_;
+  health_->after_rollback(progress_.step);
+  const std::string what = fmt::format("rolled back from step {} to {} (step {}); batch #{} will be discarded, so the "
+                                       "run continues as one that never saw it (rollback {} of this process)",
+                                       failed_step, *latest, progress_.step, bad_batch, rollbacks_);
+  spdlog::warn("health: {}", what);
+  if (lead()) append_health_event(config_.run.out_dir, env_.rank, failed_step, "rollback_done", what);
 }
 
 void Trainer::write_checkpoint() {
-  check_finite("before checkpoint");
+  check_health("before checkpoint");
   ProfileRange range("checkpoint");
+  health_->record_event(progress_.step, "checkpoint");
   CheckpointContents c;
   state_->fill_checkpoint(c);
   c.rng.emplace_back("cpu", at::detail::getDefaultCPUGenerator().get_state());
@@ -566,8 +714,9 @@ at::Tensor Trainer::sample_rows_on_all_ranks(int64_t total, const std::function<
 }
 
 void Trainer::write_samples() {
-  check_finite("before sampling");
+  check_health("before sampling");
   ProfileRange range("sample");
+  health_->record_event(progress_.step, "sample grid");
   const auto t0 = Clock::now();
   at::Tensor samples;
   state_->with_sampling_model([&](const models::VelocityFn& velocity) {  // under FSDP: every rank
@@ -587,8 +736,9 @@ void Trainer::write_samples() {
 }
 
 void Trainer::evaluate() {
-  check_finite("before evaluation");
+  check_health("before evaluation");
   ProfileRange range("eval");
+  health_->record_event(progress_.step, "eval");
   const auto t0 = Clock::now();
   at::Tensor samples;
   state_->with_sampling_model([&](const models::VelocityFn& velocity) {
@@ -646,7 +796,7 @@ void Trainer::evaluate() {
   barrier();
 }
 
-void Trainer::log_step(const StepResult& r, double step_time, double data_wait) {
+void Trainer::log_step(const StepResult& r, double step_time, double data_wait, std::map<std::string, double> health) {
   const int64_t step = progress_.step, total = config_.train.steps;
   const float loss = r.loss.item<float>();  // host sync only on log steps
   const float grad_norm = r.grad_norm.item<float>();
@@ -663,7 +813,10 @@ void Trainer::log_step(const StepResult& r, double step_time, double data_wait) 
                                                 {"data_wait_s", data_wait},
                                                 {"compute_s", step_time - data_wait},
                                                 {"epoch", double(progress_.loader.epoch)},
-                                                {"samples_seen", double(progress_.samples_seen)}};
+                                                {"samples_seen", double(progress_.samples_seen)},
+                                                {"health_skipped_updates", double(health_->skipped_updates())},
+                                                {"health_rollbacks", double(rollbacks_)}};
+  values.merge(health);
   if (config_.data.source == "shards") {  // damaged samples skipped so far, over all ranks
     const auto totals = sum_over_data_ranks({progress_.loader.skipped, progress_.loader.repeated});
     values["data_skipped"] = double(totals[0]);
@@ -671,7 +824,7 @@ void Trainer::log_step(const StepResult& r, double step_time, double data_wait) 
   }
   if (metrics_) metrics_->write(step, values);
   if (tensorboard_) tensorboard_->add_scalars(values, step);
-  check_finite("at log step");
+  check_health("at log step");
 }
 
 int64_t Trainer::run() {
@@ -688,13 +841,20 @@ int64_t Trainer::run() {
   // are not counted, so samples/s and ETA describe training itself.
   double window_time = 0;
   int64_t window_steps = 0;
-  double window_data_wait = 0;
+  double window_data_wait = 0, window_comm_wait = 0;
   while (progress_.step < total) {
     report_saves(saver_->take_finished());  // before the step: a failure joins this step's stop vote
     const auto step_start = Clock::now();
     if (profiler_) profiler_->step_begin(progress_.step + 1);
     StepResult r = train_step();
     if (profiler_) profiler_->step_end(progress_.step);
+    if (r.action == HealthAction::Rollback) {
+      rollback("see the health: line above");
+      window_time = 0;
+      window_steps = 0;
+      window_data_wait = window_comm_wait = 0;
+      continue;
+    }
     if (hooks_.on_step) {
       const double loss = r.loss.item<double>();  // synchronises the device: the time is real
       hooks_.on_step({progress_.step, seconds_since(step_start), r.data_wait_s, loss});
@@ -706,12 +866,16 @@ int64_t Trainer::run() {
     window_time += seconds_since(step_start);
     ++window_steps;
     window_data_wait += r.data_wait_s;
+    window_comm_wait += r.comm_wait_s;
 
     if (log_now) {
-      log_step(r, window_time / window_steps, window_data_wait / window_steps);
+      const double n = double(window_steps);
+      std::map<std::string, double> health =
+          health_->on_interval({step - window_steps, step, window_time / n, window_data_wait / n, window_comm_wait / n});
+      log_step(r, window_time / n, window_data_wait / n, std::move(health));
       window_time = 0;
       window_steps = 0;
-      window_data_wait = 0;
+      window_data_wait = window_comm_wait = 0;
     }
     if (config_.eval.every > 0 && (step % config_.eval.every == 0 || last)) evaluate();
     if (config_.sample.every > 0 && (step % config_.sample.every == 0 || last)) write_samples();

@@ -15,6 +15,9 @@
 #include "trainer/checkpoint/checkpoint.h"
 #include "trainer/checkpoint/checkpoint_saver.h"
 #include "trainer/config/config.h"
+#include "trainer/health/block_telemetry.h"
+#include "trainer/health/fault_injection.h"
+#include "trainer/health/health_monitor.h"
 #include "parallel/env.h"
 #include "parallel/runtime.h"
 #include "trainer/optimizer.h"
@@ -71,7 +74,11 @@ class Trainer {
   int64_t run();
 
  private:
-  struct StepResult { at::Tensor loss, grad_norm, stop; double data_wait_s; };
+  struct StepResult {
+    at::Tensor loss, grad_norm, stop;
+    double data_wait_s = 0, comm_wait_s = 0;
+    HealthAction action = HealthAction::Continue;  // Skip: no update was applied; Rollback: to be done
+  };
 
   void prepare_run_dir();
   void restore(const std::string& checkpoint_dir);
@@ -85,6 +92,14 @@ class Trainer {
   // Shards: all ranks must read the same data, and a resume the data its checkpoint was made on.
   void check_shard_fingerprint(const data::ShardLoader& loader);
   StepResult train_step();
+  // The next batch of the data order, discarding the ordinals in progress_.skip_batches.
+  data::Batch next_batch();
+  // The loader (and key logs) from progress_: at the start and after a rollback.
+  void start_data();
+  // health rollback: restores the newest complete checkpoint and continues past the batch of the
+  // failed step (its ordinal joins skip_batches). Throws TrainingError when there is none.
+  void rollback(const std::string& reason);
+  HealthMonitor::Wiring health_wiring();
   void write_checkpoint();
   // Logs finished saves, records their times in metrics and applies checkpoint.on_error.
   void report_saves(const std::vector<SaveOutcome>& outcomes);
@@ -97,8 +112,9 @@ class Trainer {
   // `total` rows made by make(first, count), split over the data-parallel ranks (each makes its
   // padded slice) and gathered: every rank gets all of them, on the CPU. Collective under FSDP.
   at::Tensor sample_rows_on_all_ranks(int64_t total, const std::function<at::Tensor(int64_t, int64_t)>& make);
-  void log_step(const StepResult& r, double step_time, double data_wait);
-  void check_finite(const char* when);
+  void log_step(const StepResult& r, double step_time, double data_wait, std::map<std::string, double> health);
+  // Judges steps the health monitor kept on the device; throws TrainingError on a stop verdict.
+  void check_health(const char* when);
   std::string resolve_resume() const;
   void barrier();  // all ranks (no-op in one process)
   void write_rank_report();  // <out_dir>/ranks/rank-RRRRR.json
@@ -128,7 +144,10 @@ class Trainer {
   std::unique_ptr<TensorBoardWriter> tensorboard_;  // rank 0, when train.tensorboard is on
   std::unique_ptr<StepProfiler> profiler_;          // null when profile.enabled is off
   TrainProgress progress_;
-  at::Tensor all_finite_;  // device flag: every loss / grad norm since the last check was finite
+  std::unique_ptr<HealthMonitor> health_;
+  std::unique_ptr<FaultInjector> faults_;
+  BlockTelemetry telemetry_{0};
+  int64_t rollbacks_ = 0;
   int64_t last_checkpoint_step_ = -1;
   std::unique_ptr<CheckpointSaver> saver_;  // uses runtime_'s checkpoint group: released before it
   std::string checkpoint_error_;            // a failed save under on_error: stop (stops every rank)

@@ -86,8 +86,12 @@ TEST(Compositions, TheDataSetIsDeterministicConsistentAndKeepsHeldOutPairsOutOfT
       EXPECT_NE(item.caption.find(composition_color_names()[o.color]), std::string::npos) << item.caption;
       garments.push_back(fashion_train.images[o.source_index][0]);
     }
-    if (item.objects.size() == 2) EXPECT_NE(item.objects[0].slot, item.objects[1].slot);
-    if (i < 50) EXPECT_TRUE(train.images[i].equal(render_composition(item.objects, garments))) << i;
+    if (item.objects.size() == 2) {
+      EXPECT_NE(item.objects[0].slot, item.objects[1].slot);
+    }
+    if (i < 50) {
+      EXPECT_TRUE(train.images[i].equal(render_composition(item.objects, garments))) << i;
+    }
   }
   EXPECT_GT(two_objects, 800);  // about half
   EXPECT_LT(two_objects, 1200);

@@ -100,7 +100,7 @@ TEST(ConfigTest, AllKeysListsEverySettingInFileOrder) {
       "data.source", "data.path", "data.batch_size", "data.workers", "data.prefetch", "data.shards",
       "data.shard_list", "data.shard_index", "data.streams", "data.image_member", "data.buckets", "data.video.frames", "data.video.fps",
       "data.shuffle_buffer",
-      "data.on_error", "data.max_skip_fraction", "data.record_keys", "data.fetch_retries", "data.fetch_timeout_s",
+      "data.on_error", "data.max_skip_fraction", "data.record_keys", "data.skip_batches", "data.fetch_retries", "data.fetch_timeout_s",
       "optim.lr", "optim.beta1", "optim.beta2", "optim.eps", "optim.weight_decay", "optim.warmup_steps",
       "optim.schedule", "optim.min_lr_ratio", "optim.grad_clip",
       "train.steps", "train.grad_accum", "train.precision", "train.ema_decay", "train.ema_warmup", "train.log_every", "train.threads",
@@ -113,7 +113,13 @@ TEST(ConfigTest, AllKeysListsEverySettingInFileOrder) {
       "parallel.fsdp",
       "parallel.reshard_after_forward",
       "parallel.prefetch", "parallel.reduce_dtype", "parallel.reduce_every_micro_batch", "parallel.backend",
-      "parallel.timeout_s"};
+      "parallel.timeout_s",
+      "health.nonfinite", "health.max_skips", "health.spike", "health.spike_threshold", "health.spike_ratio",
+      "health.spike_window", "health.warmup_steps", "health.straggler_ratio", "health.memory_growth_mib_per_1k",
+      "health.memory_window", "health.throughput_drop", "health.throughput_patience", "health.telemetry_every",
+      "debug.allow_inject", "debug.inject.nan_grad_step", "debug.inject.nan_grad_rank", "debug.inject.nan_grad_param",
+      "debug.inject.spike_step", "debug.inject.spike_factor", "debug.inject.slow_rank", "debug.inject.slow_seconds",
+      "debug.inject.slow_worker_seconds", "debug.inject.slow_from_step", "debug.inject.leak_mib_per_step"};
   EXPECT_EQ(all_keys(), expected);
 }
 
@@ -347,7 +353,7 @@ Config everything_changed() {
   c.model.vocab_size = 512;
   c.flow = {"uniform", -0.3, 0.7, 3.0, true};
   c.data = {"synthetic", "", 96, 0, 2, {"/d/a-{0..3}.tar", "pipe:cat /d/b.tar"}, "/d/list.txt", "/d/index.json",
-            8, "latent", {"56x56", "48x64"}, 16, 4.0, 64, "fail", 0.25, true, 2, 5.5};
+            8, "latent", {"56x56", "48x64"}, 16, 4.0, 64, "fail", 0.25, true, {"7", "9-11"}, 2, 5.5};
   c.optim = {3e-4, 0.8, 0.95, 1e-6, 0.01, 50, "cosine", 0.1, 0.0};
   c.train = {12345, 3, "bf16", 0.999, false, 5, 2, false, "full", 2, false, "/tmp/init.safetensors"};
   c.sample = {0, 16, 20, "heun", 4.0, 99};
@@ -355,6 +361,8 @@ Config everything_changed() {
   c.eval = {250, 500, 10, "euler", 2.0, 7, "/tmp/classifiers"};
   c.profile = {true, 4, 2, true, true};
   c.parallel = {2, 4, 4, "hybrid", 2, "on", false, false, "bf16", true, "gloo", 30.5};
+  c.health = {"rollback", 3, "skip", 5.0, 3.0, 50, 20, 2.0, 100, 500, 0.5, 2, 25};
+  c.debug = {true, 7, 1, "blocks.0.mlp.fc1.weight", 9, 4.0, 1, 0.5, 0.25, 3, 1.5};
   return c;
 }
 

@@ -58,18 +58,19 @@ TEST(Flux, ForwardEqualsTheReferenceImplementationsOutput) {
   // Both fp32 on the CPU, through other kernels (fused adaLN / gated residual / GELU here, PyTorch's
   // composite ops there) and summation orders: ~1e-6 relative per op, a few ulps through 3 blocks.
   // |out| is ~0.8 (max 3.7); a swapped chunk, a RoPE sign or text/image order error moves it by
-  // O(0.1). Measured: 1.2e-6.
+  // O(0.1). Measured: 1.2e-6 on an AMD EPYC CI host, 3.4e-5 on an Intel Xeon one (other CPU
+  // kernels; not yet traced to one op): 1e-4 passes both and stays 1,000× below a real error.
   const double diff = max_abs(out, t.at("out"));
   std::printf("[flux] max |ours − reference| = %.3g (|reference| max %.3g)\n", diff,
               t.at("out").abs().max().item<double>());
-  EXPECT_LT(diff, 1e-5);
+  EXPECT_LT(diff, 1e-4);
 
   // The image-space entry point packs the same tokens: unpack(reference) from latents.
   const int64_t h = 4, w = 3;
   const at::Tensor latents = unpack_latents(t.at("img"), 16, 2, h, w);
   const Conditioning cond{{"txt", t.at("txt")}, {"vec", t.at("y")}, {"guidance", t.at("guidance")}};
   const at::Tensor v = model->forward(latents, t.at("timesteps"), cond);
-  EXPECT_LT(max_abs(v, unpack_latents(t.at("out"), 16, 2, h, w)), 1e-5);
+  EXPECT_LT(max_abs(v, unpack_latents(t.at("out"), 16, 2, h, w)), 1e-4);  // as above
 }
 
 TEST(Flux, RopeRotatesInterleavedPairsByAxisFrequencies) {

@@ -218,6 +218,9 @@ std::string save_checkpoint(const std::string& checkpoints_dir, const Checkpoint
           // The loader state is global (samples of the epoch consumed by all ranks together);
           // each rank's slice of a batch follows from it, so one record serves every rank.
           {"data", data_json(c.progress)},
+          {"health", {{"batches_drawn", c.progress.batches_drawn},
+                      {"skip_batches", c.progress.skip_batches},
+                      {"skipped_updates", c.progress.skipped_updates}}},
           {"rng", {{"scheme", "per-sample generators seeded from (run.seed, step, global sample index)"}}},
           {"layout", layout},
           {"config_yaml", c.config_yaml},
@@ -292,6 +295,15 @@ CheckpointContents read_metadata(const std::string& dir, const json& manifest) {
     } catch (const json::exception& e) {
       throw CheckpointError(fmt::format("{}: data.shards: {}", mpath, e.what()));
     }
+  }
+  // Checkpoints from before the health record drew one batch per step and skipped none.
+  const json health = manifest.value("health", json::object());
+  try {
+    c.progress.batches_drawn = health.value("batches_drawn", c.progress.step);
+    for (int64_t b : health.value("skip_batches", std::vector<int64_t>{})) c.progress.skip_batches.insert(b);
+    c.progress.skipped_updates = health.value("skipped_updates", int64_t{0});
+  } catch (const json::exception& e) {
+    throw CheckpointError(fmt::format("{}: health: {}", mpath, e.what()));
   }
   c.config_yaml = required<std::string>(manifest, "config_yaml", mpath);
   c.world_size = manifest.value("layout", json::object()).value("world_size", int64_t{1});

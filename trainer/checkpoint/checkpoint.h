@@ -30,6 +30,7 @@
 
 #include <functional>
 #include <optional>
+#include <set>
 #include <string>
 
 namespace flowtrain::trainer {
@@ -58,6 +59,11 @@ struct TrainProgress {
   double lr = 0.0;            // lr used by the last step
   data::LoaderState loader;   // in-memory source: the global state; shards: this rank's
   std::optional<ShardsDataState> shards;  // shards: all ranks' state (set at a save, read at a resume)
+  // Health (trainer/health/): batches drawn so far (ordinals count from 1; a skipped batch is
+  // drawn too), the ordinals still to discard, and the updates skipped by policy so far.
+  int64_t batches_drawn = 0;
+  std::set<int64_t> skip_batches;
+  int64_t skipped_updates = 0;
 };
 
 // This rank's part of a sharded state; model/ema/optimizer then hold unit-keyed shard tensors.

@@ -2,6 +2,7 @@
 // key is added in exactly one place (build_schema below) and can never be parsed but not
 // emitted, or emitted but not validated.
 #include "trainer/config/config.h"
+#include "trainer/health/batch_ordinals.h"
 
 #include "trainer/model_registry.h"
 
@@ -273,6 +274,8 @@ std::vector<Section> build_schema() {
                        "shards: stop when more than this fraction of samples was damaged")
                   .add("record_keys", &DataConfig::record_keys, any(),
                        "shards: append each rank's sample keys to <out_dir>/data/keys-rank-RRRRR.txt")
+                  .add("skip_batches", &DataConfig::skip_batches, any(),
+                       "batches of the data order to discard, by ordinal (1 = first drawn): 'N' or 'A-B'")
                   .add("fetch_retries", &DataConfig::fetch_retries, at_least(0), "shards: http retries with backoff")
                   .add("fetch_timeout_s", &DataConfig::fetch_timeout_s, above(0),
                        "shards: http connect timeout, and the stall limit (below 1 byte/s)")
@@ -373,6 +376,55 @@ std::vector<Section> build_schema() {
                        "auto = nccl on cuda, gloo on cpu")
                   .add("timeout_s", &ParallelConfig::timeout_s, above(0),
                        "rendezvous/collective timeout; a dead peer ends the job by then")
+                  .section);
+
+  s.push_back(section("health", &Config::health)
+                  .add("nonfinite", &HealthConfig::nonfinite, one_of({"stop", "skip", "rollback"}),
+                       "a non-finite loss or gradient: stop (exit 1), skip the update, or roll back to the last "
+                       "checkpoint and continue past the batch")
+                  .add("max_skips", &HealthConfig::max_skips, at_least(0), "skipped updates allowed in a run, then stop")
+                  .add("spike", &HealthConfig::spike, one_of({"off", "warn", "skip", "rollback"}),
+                       "a loss spike: warn, skip the update, or roll back past the batch")
+                  .add("spike_threshold", &HealthConfig::spike_threshold, above(0),
+                       "robust z-score (loss - median) / (1.4826 MAD) over the window that makes a spike")
+                  .add("spike_ratio", &HealthConfig::spike_ratio, at_least(1),
+                       "and the loss must be at least this many times the window median")
+                  .add("spike_window", &HealthConfig::spike_window, at_least(8), "steps of loss history")
+                  .add("warmup_steps", &HealthConfig::warmup_steps, at_least(0),
+                       "no spike, memory-growth or throughput verdicts before this step")
+                  .add("straggler_ratio", &HealthConfig::straggler_ratio, above(1),
+                       "a rank busier than this many times the median rank is named")
+                  .add("memory_growth_mib_per_1k", &HealthConfig::memory_growth_mib_per_1k, above(0),
+                       "resident-memory growth (MiB per 1000 steps) that warns")
+                  .add("memory_window", &HealthConfig::memory_window, at_least(1),
+                       "steps the memory growth rate is fitted over")
+                  .add("throughput_drop", &HealthConfig::throughput_drop, above(0),
+                       "step time this fraction above the run's median ...")
+                  .add("throughput_patience", &HealthConfig::throughput_patience, at_least(1),
+                       "... for this many log intervals in a row warns")
+                  .add("telemetry_every", &HealthConfig::telemetry_every, at_least(0),
+                       "steps between per-block gradient norms and update/weight ratios in metrics; 0 = off")
+                  .section);
+
+  s.push_back(section("debug", &Config::debug)
+                  .add("allow_inject", &DebugConfig::allow_inject, any(), "permit debug.inject.* (tests and drills)")
+                  .add("inject.nan_grad_step", &DebugConfig::nan_grad_step, at_least(0),
+                       "put a NaN in one gradient at this step; 0 = off")
+                  .add("inject.nan_grad_rank", &DebugConfig::nan_grad_rank, at_least(0), "the rank whose gradient")
+                  .add("inject.nan_grad_param", &DebugConfig::nan_grad_param, any(),
+                       "the parameter; empty = the first attention qkv weight")
+                  .add("inject.spike_step", &DebugConfig::spike_step, at_least(0),
+                       "scale this step's loss by spike_factor; 0 = off")
+                  .add("inject.spike_factor", &DebugConfig::spike_factor, above(0), "the loss scale of spike_step")
+                  .add("inject.slow_rank", &DebugConfig::slow_rank, at_least(-1), "the slowed rank; -1 = every rank")
+                  .add("inject.slow_seconds", &DebugConfig::slow_seconds, at_least(0),
+                       "seconds of extra compute per step on slow_rank")
+                  .add("inject.slow_worker_seconds", &DebugConfig::slow_worker_seconds, at_least(0),
+                       "seconds each batch arrives late on slow_rank (a slow data worker)")
+                  .add("inject.slow_from_step", &DebugConfig::slow_from_step, at_least(1),
+                       "the first slowed step")
+                  .add("inject.leak_mib_per_step", &DebugConfig::leak_mib_per_step, at_least(0),
+                       "host memory kept and touched every step (MiB)")
                   .section);
   return s;
 }
@@ -696,6 +748,12 @@ void Config::validate() const {
   if (parallel.cp_attention != "hybrid" && parallel.cp_ulysses != 1)
     throw ConfigError("'parallel.cp_ulysses' " + std::to_string(parallel.cp_ulysses) +
                       " applies to 'parallel.cp_attention' hybrid only (it is '" + parallel.cp_attention + "')");
+  parse_batch_ordinals(data.skip_batches, "data.skip_batches");  // throws on a malformed item
+  const bool injects = debug.nan_grad_step > 0 || debug.spike_step > 0 || debug.slow_seconds > 0 ||
+                       debug.slow_worker_seconds > 0 || debug.leak_mib_per_step > 0;
+  if (injects && !debug.allow_inject)
+    throw ConfigError("'debug.inject.*' faults are set but 'debug.allow_inject' is false: fault injection is for tests "
+                      "and drills and must be allowed explicitly");
   // sample.num >= 1 whenever sample.every > 0 already holds: sample.num's own range is >= 1.
   // checkpoint.resume: "auto", "never" or a path; only emptiness can be wrong here (the path
   // is checked when resuming).

@@ -87,6 +87,9 @@ struct DataConfig {
   std::string on_error = "skip";    // skip | fail
   double max_skip_fraction = 0.01;
   bool record_keys = false;
+  // Batches of the run's data order to discard, by ordinal (1 = the first batch drawn), "N" or
+  // "A-B": restarting past bad data (PaLM's remedy for loss spikes); `health:` lines name them.
+  std::vector<std::string> skip_batches;
   int64_t fetch_retries = 5;
   double fetch_timeout_s = 60.0;
 };
@@ -183,6 +186,40 @@ struct ParallelConfig {
   double timeout_s = 600;             // rendezvous and collective timeout: a dead peer ends the job by then
 };
 
+// Training health (trainer/health/): what is watched every step and every log interval, and
+// what is done about it. docs/health.md has the detectors' definitions.
+struct HealthConfig {
+  std::string nonfinite = "stop";   // a non-finite loss or gradient: stop | skip | rollback
+  int64_t max_skips = 10;           // skipped updates allowed in a run (non-finite and spikes); then stop
+  std::string spike = "warn";       // a loss spike: off | warn | skip | rollback
+  double spike_threshold = 8.0;     // robust z: (loss − median) / (1.4826 · MAD) over the window …
+  double spike_ratio = 2.0;         // … and loss ≥ ratio × median: both make a spike
+  int64_t spike_window = 100;       // steps of loss history (spikes themselves left out)
+  int64_t warmup_steps = 100;       // no spike, memory or throughput verdicts before this step
+  double straggler_ratio = 1.5;     // a rank busier than this × the median rank is named
+  double memory_growth_mib_per_1k = 256;  // resident-memory growth rate that warns
+  int64_t memory_window = 2000;     // steps the growth rate is fitted over
+  double throughput_drop = 0.1;     // step time this fraction above the run's median …
+  int64_t throughput_patience = 3;  // … for this many log intervals in a row warns
+  int64_t telemetry_every = 0;      // steps between per-block gradient norms and update/weight ratios; 0 = off
+};
+
+// Fault injection for tests and drills (trainer/health/fault_injection.h); refused unless
+// allow_inject. Steps are 1-based optimizer steps; 0 = that fault is off.
+struct DebugConfig {
+  bool allow_inject = false;
+  int64_t nan_grad_step = 0;
+  int64_t nan_grad_rank = 0;
+  std::string nan_grad_param = "";  // "" = the first attention qkv weight (the first block's)
+  int64_t spike_step = 0;
+  double spike_factor = 10.0;
+  int64_t slow_rank = -1;           // -1 = every rank
+  double slow_seconds = 0;          // compute: sleeps this long per step on slow_rank
+  double slow_worker_seconds = 0;   // data: the batch arrives this much later on slow_rank
+  int64_t slow_from_step = 1;
+  double leak_mib_per_step = 0;     // host memory kept (and touched) every step
+};
+
 struct Config {
   RunConfig run;
   ModelConfig model;
@@ -195,6 +232,8 @@ struct Config {
   EvalConfig eval;
   ProfileConfig profile;
   ParallelConfig parallel;
+  HealthConfig health;
+  DebugConfig debug;
 
   std::string source_path;  // the YAML file it came from ("" for defaults)
 

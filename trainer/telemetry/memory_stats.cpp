@@ -11,8 +11,10 @@
 
 #include <malloc.h>
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include <atomic>
+#include <cstdio>
 #include <cstring>
 
 namespace flowtrain::trainer {
@@ -85,6 +87,26 @@ MemoryPeaks memory_peaks(const c10::Device& device) {
 #endif
   m.allocated_bytes = peak_bytes.load();
   m.allocated_kind = "cpu tensor allocator";
+  return m;
+}
+
+MemoryNow memory_now(const c10::Device& device) {
+  MemoryNow m;
+  if (FILE* f = std::fopen("/proc/self/statm", "r")) {
+    long size = 0, resident = 0;
+    if (std::fscanf(f, "%ld %ld", &size, &resident) == 2) m.rss_bytes = int64_t{resident} * sysconf(_SC_PAGESIZE);
+    std::fclose(f);
+  }
+#ifdef FLOWTRAIN_HAS_CUDA_ALLOCATOR
+  if (device.is_cuda()) {
+    auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(device.index());
+    const auto all = static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE);
+    m.allocated_bytes = stats.allocated_bytes[all].current;
+    m.reserved_bytes = stats.reserved_bytes[all].current;
+    return m;
+  }
+#endif
+  m.allocated_bytes = live_bytes.load();
   return m;
 }
 

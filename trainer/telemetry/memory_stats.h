@@ -28,4 +28,12 @@ void install_memory_tracking();
 
 MemoryPeaks memory_peaks(const c10::Device& device);
 
+// Memory now, for trends (the health monitor samples it every log interval).
+struct MemoryNow {
+  int64_t rss_bytes = 0;        // resident set now (/proc/self/statm)
+  int64_t allocated_bytes = 0;  // live tensor bytes: CUDA allocated, or the CPU counter
+  int64_t reserved_bytes = 0;   // CUDA: the caching allocator's reserved bytes; CPU: 0
+};
+MemoryNow memory_now(const c10::Device& device);
+
 }  // namespace flowtrain::trainer
