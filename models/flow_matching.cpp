@@ -114,11 +114,12 @@ FlowMatchingLoss flow_matching_loss(const VelocityFn& model, const at::Tensor& x
   at::Tensor target = d.noise - x0;
   at::Tensor v = model(x_t, d.t, d.cond);
   if (v.size(1) != x0.size(1)) v = v.narrow(1, 0, x0.size(1));  // learn-sigma: use the first C channels
-  const at::Tensor error = v.to(at::kFloat) - target.to(at::kFloat);
-  // The loss is mse_loss itself (bit-equal to PyTorch's); the per-sample view is a detached
-  // by-product for the health report.
-  at::Tensor per_sample = error.detach().pow(2).flatten(1).mean(1);
-  return {at::mse_loss(v.to(at::kFloat), target.to(at::kFloat)), d.t, per_sample};
+  // mse_loss itself, bit-equal to PyTorch's; its backward keeps v and the target alive anyway.
+  return {at::mse_loss(v.to(at::kFloat), target.to(at::kFloat)), d.t, v.detach(), target.detach()};
+}
+
+at::Tensor per_sample_loss(const FlowMatchingLoss& l) {
+  return (l.prediction.to(at::kFloat) - l.target.to(at::kFloat)).pow(2).flatten(1).mean(1);
 }
 
 at::Tensor sampling_times(int64_t steps, double shift) {

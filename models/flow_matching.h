@@ -66,8 +66,12 @@ FlowMatchingDraw draw_flow_matching_inputs_per_row(const at::Tensor& x0, const C
 struct FlowMatchingLoss {
   at::Tensor loss;       // scalar, mean over all elements: mean((v_pred − (ε − x0))²)
   at::Tensor t;          // [B] the sampled times (for logging per-t loss later)
-  at::Tensor per_sample; // [B] detached: each sample's mean squared error (loss-spike forensics)
+  at::Tensor prediction, target;  // detached v (first C channels) and ε − x0, for per-sample views
 };
+
+// [B]: each sample's mean squared error of a loss's prediction (equal-size samples: their mean is
+// the loss). The health check's per-sample view of a spiking batch.
+at::Tensor per_sample_loss(const FlowMatchingLoss& l);
 
 // mean((v(x_t, t, cond) − (ε − x0))²) for a given draw. A model with more output channels than
 // x0 (learn-sigma) is trained on its first C channels only.

@@ -44,6 +44,12 @@ std::vector<nlohmann::json> read_metric_rows(const std::string& run_dir, const s
   return rows;
 }
 
+std::string ckpt(const std::string& run_dir, int step) {
+  char name[32];
+  std::snprintf(name, sizeof name, "step-%07d", step);
+  return run_dir + "/checkpoints/" + name;
+}
+
 std::vector<nlohmann::json> read_metrics(const std::string& run_dir) { return read_metric_rows(run_dir, "loss"); }
 
 std::string chrome_trace_problems(const nlohmann::json& trace) {

@@ -20,6 +20,9 @@ CommandResult run_flowtrain(const std::string& args, const std::string& env = ""
 CommandResult train_tiny(const std::string& out_dir, const std::vector<std::string>& sets = {},
                          const std::string& env = "");
 
+// run_dir/checkpoints/step-NNNNNNN: where a run's checkpoint of `step` lives.
+std::string ckpt(const std::string& run_dir, int step);
+
 // The training-step rows of run_dir/metrics.jsonl (those with a loss), in order.
 std::vector<nlohmann::json> read_metrics(const std::string& run_dir);
 // The rows holding `key` (checkpoint_blocked_s, eval_fd, …), in order.

@@ -531,7 +531,9 @@ Trainer::StepResult Trainer::train_step() {
                                                        progress_.step, first_row + m * micro);
       models::FlowMatchingLoss fm = models::flow_matching_loss(velocity, x0, draw);
       loss = loss_scale == 1.0 ? fm.loss : fm.loss * loss_scale;
-      sample_losses.push_back(loss_scale == 1.0 ? fm.per_sample : fm.per_sample * loss_scale);
+      const auto t_health = Clock::now();
+      sample_losses.push_back(loss_scale == 1.0 ? models::per_sample_loss(fm) : models::per_sample_loss(fm) * loss_scale);
+      health_seconds_ += seconds_since(t_health);
     }
     {
       ProfileRange range("backward");
@@ -549,6 +551,7 @@ Trainer::StepResult Trainer::train_step() {
   const bool stop_requested = stop_signal() != 0 || !checkpoint_error_.empty();
   StepReduction red = state_->reduce_and_clip(r.loss, config_.optim.grad_clip, stop_requested);
   faults_->end_step();
+  const auto t_health = Clock::now();
   const at::Tensor local_loss_bad = at::isfinite(r.loss).logical_not();  // this rank's own loss, before the mean
   r.loss = red.loss;
   r.grad_norm = red.grad_norm;
@@ -569,6 +572,7 @@ Trainer::StepResult Trainer::train_step() {
     verdict = health_->observe(std::move(obs));
     r.action = verdict.action;
   }
+  health_seconds_ += seconds_since(t_health);  // host time; on the CPU it includes the checks' compute
   r.comm_wait_s = parallel::collective_wait_seconds() - comm_at_start;
   if (r.action == HealthAction::Stop)
     throw TrainingError(fmt::format("{} ({}/checkpoints)", verdict.reason, config_.run.out_dir));
@@ -870,8 +874,13 @@ int64_t Trainer::run() {
 
     if (log_now) {
       const double n = double(window_steps);
+      const auto t_health = Clock::now();
       std::map<std::string, double> health =
           health_->on_interval({step - window_steps, step, window_time / n, window_data_wait / n, window_comm_wait / n});
+      health_seconds_ += seconds_since(t_health);
+      train_seconds_ += window_time;
+      health["health_s_per_step"] = health_seconds_ / double(std::max<int64_t>(1, health_steps_ + window_steps));
+      health_steps_ += window_steps;
       log_step(r, window_time / n, window_data_wait / n, std::move(health));
       window_time = 0;
       window_steps = 0;
@@ -898,6 +907,10 @@ int64_t Trainer::run() {
   finish_saves();  // the final checkpoint may still be persisting
   if (hooks_.final_checkpoint) require_saved(progress_.step, "the final checkpoint");
   spdlog::info("done: {} steps, {} samples seen", progress_.step, progress_.samples_seen);
+  if (health_steps_ > 0)
+    spdlog::info("health checks: {:.2f} ms per step, {:.2f}% of the training step time (host time in the checks: "
+                 "per-sample losses, flags, verdicts, the log intervals' gathers)",
+                 1e3 * health_seconds_ / double(health_steps_), 100 * health_seconds_ / train_seconds_);
   write_rank_report();
   return progress_.step;
 }

@@ -148,6 +148,10 @@ class Trainer {
   std::unique_ptr<FaultInjector> faults_;
   BlockTelemetry telemetry_{0};
   int64_t rollbacks_ = 0;
+  // What the health checks cost: host seconds spent in them, and the training steps (and their
+  // seconds) they covered, over this process's logged intervals.
+  double health_seconds_ = 0, train_seconds_ = 0;
+  int64_t health_steps_ = 0;
   int64_t last_checkpoint_step_ = -1;
   std::unique_ptr<CheckpointSaver> saver_;  // uses runtime_'s checkpoint group: released before it
   std::string checkpoint_error_;            // a failed save under on_error: stop (stops every rank)

@@ -20,12 +20,6 @@ using namespace flowtrain::test;
 
 namespace {
 
-std::string ckpt(const std::string& run, int step) {
-  char name[32];
-  std::snprintf(name, sizeof name, "step-%07d", step);
-  return run + "/checkpoints/" + name;
-}
-
 void expect_same_tensor_files(const std::string& a, const std::string& b) {
   // The manifests differ by design: each records its run's resolved config (out_dir, async).
   for (const char* f : {"model.safetensors", "ema.safetensors", "optimizer.safetensors", "rng.safetensors"})

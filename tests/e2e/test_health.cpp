@@ -17,12 +17,6 @@ using namespace flowtrain::test;
 
 namespace {
 
-std::string ckpt(const std::string& run, int step) {
-  char name[32];
-  std::snprintf(name, sizeof name, "step-%07d", step);
-  return run + "/checkpoints/" + name;
-}
-
 // The last metrics row of each step (a rollback rewrites the replayed steps' rows).
 std::map<int64_t, double> losses_by_step(const std::string& run) {
   std::map<int64_t, double> out;

@@ -28,12 +28,6 @@ double mean_loss(const std::vector<nlohmann::json>& rows, size_t begin, size_t e
   return s / double(end - begin);
 }
 
-std::string ckpt(const std::string& run, int step) {
-  char name[32];
-  std::snprintf(name, sizeof name, "step-%07d", step);
-  return run + "/checkpoints/" + name;
-}
-
 void expect_same_files(const std::string& a, const std::string& b) {
   for (const char* f : {"model.safetensors", "ema.safetensors", "optimizer.safetensors"}) {
     EXPECT_EQ(read_file(a + "/" + f), read_file(b + "/" + f)) << f << " differs between " << a << " and " << b;
