@@ -9,6 +9,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <filesystem>
+#include <map>
 #include <regex>
 
 using namespace flowtrain::test;
@@ -76,4 +78,45 @@ TEST(DistHealth, BlockTelemetryUnderFsdpEqualsOneProcess) {
     ++compared;
   }
   EXPECT_GE(compared, 6 + 4);  // 6 blocks' gradient norms, and the update ratios of (at least) the non-zero ones
+}
+
+TEST(DistHealth, RollbackOnTwoRanksContinuesAsARunThatNeverSawTheBatch) {
+  REQUIRE_DATA();
+  const std::string a = scratch_dir("dist_rollback") + "/run", b = scratch_dir("dist_never_saw") + "/run";
+  const std::vector<std::string> common = {"train.steps=10", "checkpoint.every=4", "train.threads=1", "data.workers=1"};
+  std::vector<std::string> sets = common;
+  for (const char* s : {"health.nonfinite=rollback", "debug.allow_inject=true", "debug.inject.nan_grad_step=6",
+                        "debug.inject.nan_grad_rank=1"})
+    sets.push_back(s);
+  const auto ra = run_flowtrain("launch --nproc-per-node 2 -- " + tiny_train_args(a, sets));
+  ASSERT_EQ(ra.exit_code, 0) << ra.output;
+  EXPECT_NE(ra.output.find("batch #6 will be discarded"), std::string::npos) << ra.output;
+  sets = common;
+  sets.push_back("data.skip_batches=[\"6\"]");
+  ASSERT_EQ(run_flowtrain("launch --nproc-per-node 2 -- " + tiny_train_args(b, sets)).exit_code, 0);
+  const auto la = read_metrics(a), lb = read_metrics(b);
+  std::map<int64_t, double> last_a, last_b;  // the last row of each step (the replayed ones were rewritten)
+  for (const auto& row : la) last_a[row["step"].get<int64_t>()] = row["loss"].get<double>();
+  for (const auto& row : lb) last_b[row["step"].get<int64_t>()] = row["loss"].get<double>();
+  ASSERT_EQ(last_a.size(), 10u);
+  for (int64_t s = 1; s <= 10; ++s) EXPECT_EQ(last_a.at(s), last_b.at(s)) << "step " << s;  // same computation
+}
+
+TEST(DistHealth, SpikeAndLeakAreFoundOnEveryRank) {
+  REQUIRE_DATA();
+  const std::string run = scratch_dir("dist_spike_leak") + "/run";
+  const auto r = run_flowtrain(
+      "launch --nproc-per-node 2 -- " +
+      tiny_train_args(run, {"train.steps=40", "train.log_every=2", "train.threads=1", "data.workers=1",
+                            "health.warmup_steps=10", "health.spike_window=20", "health.spike=skip",
+                            "health.memory_window=20", "health.memory_growth_mib_per_1k=1000",
+                            "debug.allow_inject=true", "debug.inject.spike_step=30", "debug.inject.spike_factor=20",
+                            "debug.inject.leak_mib_per_step=4"}));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("health: loss spike at step 30 (batch #30)"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("the update is skipped (1 of health.max_skips 10)"), std::string::npos) << r.output;
+  // Each rank fits its own memory and says so itself.
+  EXPECT_NE(r.output.find("resident memory on rank 0 grows"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("resident memory on rank 1 grows"), std::string::npos) << r.output;
+  EXPECT_TRUE(std::filesystem::exists(run + "/health/spike-step-0000030-rank-00001.json"));
 }

@@ -211,3 +211,40 @@ TEST(Health, BlockTelemetryAddsUpToTheGlobalNorm) {
     EXPECT_NEAR(std::sqrt(sq), clipped, 1e-4 * clipped) << "step " << step;  // fp32 sums in another order
   }
 }
+
+TEST(Health, LossSpikeWarnTrainsOnTheBatchAndRollbackContinuesPastIt) {
+  REQUIRE_DATA();
+  const std::vector<std::string> spike = {"health.warmup_steps=10", "health.spike_window=20",
+                                          "debug.inject.spike_step=30", "debug.inject.spike_factor=20"};
+  // warn: said, and the update applied (the weights move at step 30 as at any step).
+  const std::string warn = scratch_dir("health_spike_warn") + "/run";
+  std::vector<std::string> sets = inject(spike);
+  for (const char* s : {"train.steps=31", "checkpoint.every=1", "checkpoint.keep=0", "health.spike=warn"}) sets.push_back(s);
+  const auto rw = train_tiny(warn, sets);
+  ASSERT_EQ(rw.exit_code, 0) << rw.output;
+  EXPECT_NE(rw.output.find("health: loss spike at step 30 (batch #30)"), std::string::npos) << rw.output;
+  EXPECT_NE(rw.output.find("training goes on (health.spike: warn)"), std::string::npos) << rw.output;
+  EXPECT_FALSE(same_tensors(ckpt(warn, 29) + "/model.safetensors", ckpt(warn, 30) + "/model.safetensors"));
+  // rollback: continues as the run told to discard batch #30 from the start.
+  const std::string a = scratch_dir("health_spike_rollback") + "/run", b = scratch_dir("health_spike_never") + "/run";
+  sets = inject(spike);
+  for (const char* s : {"train.steps=34", "checkpoint.every=8", "health.spike=rollback"}) sets.push_back(s);
+  const auto ra = train_tiny(a, sets);
+  ASSERT_EQ(ra.exit_code, 0) << ra.output;
+  EXPECT_NE(ra.output.find("rolled back from step 30 to " + ckpt(a, 24) + " (step 24); batch #30 will be discarded"),
+            std::string::npos)
+      << ra.output;
+  ASSERT_EQ(train_tiny(b, {"train.steps=34", "checkpoint.every=8", "data.skip_batches=[\"30\"]"}).exit_code, 0);
+  const auto la = losses_by_step(a), lb = losses_by_step(b);
+  for (int64_t s = 25; s <= 34; ++s) EXPECT_EQ(la.at(s), lb.at(s)) << "step " << s;
+  EXPECT_TRUE(same_tensors(ckpt(a, 34) + "/model.safetensors", ckpt(b, 34) + "/model.safetensors"));
+}
+
+TEST(Health, SlowDataWorkerIsChargedToTheDataWait) {
+  REQUIRE_DATA();
+  const std::string run = scratch_dir("health_slow_worker") + "/run";
+  const auto r = train_tiny(run, inject({"train.steps=4", "debug.inject.slow_worker_seconds=0.3"}));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  for (const auto& row : read_metrics(run))
+    EXPECT_GE(row["data_wait_s"].get<double>(), 0.3) << row.dump();  // every step waits for its late batch
+}
