@@ -583,7 +583,6 @@ Trainer::StepResult Trainer::train_step() {
     // The batch is consumed and the step counted, but the weights, AdamW and the EMA stay as
     // they were: the skipped update never happened.
     state_->discard_gradients();
-    progress_.skipped_updates = health_->skipped_updates();
     progress_.step += 1;
     progress_.samples_seen += config_.data.batch_size;
     progress_.loader = batch.state_after;
@@ -627,11 +626,9 @@ void Trainer::rollback(const std::string& reason) {
                                     "nonfinite/spike", failed_step, checkpoints, reason));
   std::set<int64_t> skips = progress_.skip_batches;
   skips.insert(bad_batch);
-  const int64_t skipped_updates = health_->skipped_updates();
   state_->discard_gradients();
-  restore(*latest);
+  restore(*latest);  // the monitor keeps counting skipped updates across it (max_skips is per run)
   progress_.skip_batches.insert(skips.begin(), skips.end());
-  progress_.skipped_updates = skipped_updates;
   start_data();
   if (metrics_) metrics_ = std::make_unique<MetricsWriter>((fs::path(config_.run.out_dir) / "metrics.jsonl").string(),
                                                            progress_.step);  // the replayed steps' lines go
@@ -652,6 +649,7 @@ void Trainer::write_checkpoint() {
   state_->fill_checkpoint(c);
   c.rng.emplace_back("cpu", at::detail::getDefaultCPUGenerator().get_state());
   c.progress = progress_;
+  c.progress.skipped_updates = health_->skipped_updates();
   if (config_.data.source == "shards") c.progress.shards = merged_shard_state();
   c.config_yaml = config_yaml_;
   c.world_size = env_.world;

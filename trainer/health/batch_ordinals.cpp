@@ -35,15 +35,4 @@ std::set<int64_t> parse_batch_ordinals(const std::vector<std::string>& items, co
   return out;
 }
 
-std::vector<std::string> format_batch_ordinals(const std::set<int64_t>& ordinals) {
-  std::vector<std::string> out;
-  for (auto it = ordinals.begin(); it != ordinals.end();) {
-    const int64_t first = *it;
-    int64_t last = first;
-    for (++it; it != ordinals.end() && *it == last + 1; ++it) last = *it;
-    out.push_back(first == last ? std::to_string(first) : std::to_string(first) + "-" + std::to_string(last));
-  }
-  return out;
-}
-
 }  // namespace flowtrain::trainer

@@ -15,7 +15,4 @@ namespace flowtrain::trainer {
 // ordinal < 1 or a range of more than a million batches.
 std::set<int64_t> parse_batch_ordinals(const std::vector<std::string>& items, const std::string& key);
 
-// {12, 40, 41, 42} → ["12", "40-42"]: the inverse, for checkpoints and messages.
-std::vector<std::string> format_batch_ordinals(const std::set<int64_t>& ordinals);
-
 }  // namespace flowtrain::trainer

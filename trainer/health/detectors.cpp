@@ -83,7 +83,7 @@ void ThroughputWatch::clear() {
   reported_ = false;
 }
 
-ThroughputWatch::Verdict ThroughputWatch::observe(int64_t first_step, int64_t last_step, double seconds_per_step) {
+ThroughputWatch::Verdict ThroughputWatch::observe(int64_t first_step, double seconds_per_step) {
   Verdict v;
   if (first_step < warmup_ || !std::isfinite(seconds_per_step)) return v;
   // A median needs a few intervals of normal pace to mean anything.
@@ -107,7 +107,6 @@ ThroughputWatch::Verdict ThroughputWatch::observe(int64_t first_step, int64_t la
     v.median_s = median;
     v.recent_s = slow_sum_ / double(slow_run_);
   }
-  (void)last_step;
   return v;
 }
 

@@ -71,8 +71,8 @@ class ThroughputWatch {
     double median_s = 0, recent_s = 0;
   };
   ThroughputWatch(double drop, int64_t patience, int64_t warmup_steps);
-  // An interval of steps (first_step, last_step] at `seconds_per_step`.
-  Verdict observe(int64_t first_step, int64_t last_step, double seconds_per_step);
+  // The interval of steps after `first_step` (to the next log step) at `seconds_per_step`.
+  Verdict observe(int64_t first_step, double seconds_per_step);
   void clear();
 
  private:

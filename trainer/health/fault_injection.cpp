@@ -21,11 +21,6 @@ FaultInjector::FaultInjector(const DebugConfig& debug, int64_t rank) : debug_(de
 
 FaultInjector::~FaultInjector() = default;
 
-bool FaultInjector::any() const {
-  return debug_.allow_inject && (debug_.nan_grad_step > 0 || debug_.spike_step > 0 || debug_.slow_seconds > 0 ||
-                                 debug_.slow_worker_seconds > 0 || debug_.leak_mib_per_step > 0);
-}
-
 void FaultInjector::attach(models::DiffusionModel& model) {
   if (!debug_.allow_inject || debug_.nan_grad_step <= 0) return;
   const auto named = model.named_parameters();

@@ -19,11 +19,9 @@ class FaultInjector {
  public:
   FaultInjector(const DebugConfig& debug, int64_t rank);
   ~FaultInjector();
-  bool any() const;
   // Resolves debug.inject.nan_grad_param on the model and hooks its gradient (every rank checks
   // the name; only nan_grad_rank arms it). Throws ConfigError for a name the model lacks.
   void attach(models::DiffusionModel& model);
-  const std::string& nan_param() const { return nan_param_; }
   // At the start of step `step` (1-based): arms the gradient NaN, sleeps the slow compute, leaks.
   void begin_step(int64_t step);
   void end_step();

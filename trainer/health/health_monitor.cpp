@@ -227,7 +227,7 @@ std::map<std::string, double> HealthMonitor::on_interval(const IntervalTimes& t)
     }
     values["stragglers"] = double(report.stragglers.size());
   }
-  const ThroughputWatch::Verdict cliff = throughput_.observe(t.first_step, t.last_step, t.step_s);
+  const ThroughputWatch::Verdict cliff = throughput_.observe(t.first_step, t.step_s);
   if (cliff.cliff) {
     const std::string what = fmt::format(
         "throughput drop: {:.3f} s per step since step {} against the run's median {:.3f} s ({:+.0f}%, "

@@ -63,7 +63,6 @@ class HealthMonitor {
   };
   HealthMonitor(const HealthConfig& config, Wiring wiring);
 
-  bool judges_every_step() const { return w_.judge_every_step; }
   // Judges the step now (every-step mode) or keeps it on the device for judge_pending().
   StepVerdict observe(StepObservation obs);
   // Judges the steps kept on the device (log steps, and before a checkpoint, grid or eval);
