@@ -3,9 +3,9 @@
 #include "data/splitmix64.h"
 
 #include "data/data_error.h"
+#include "data/serial_thread.h"
 
 #include <ATen/CPUGeneratorImpl.h>
-#include <c10/util/ParallelGuard.h>
 #include <fmt/format.h>
 
 #include <numeric>
@@ -110,11 +110,9 @@ Batch Loader::assemble(const LoaderState& start) {
 }
 
 void Loader::worker_loop() {
-  // The ATen ops below run serially in this thread. Without the guard each worker's
-  // at::parallel_for would start an OpenMP team of its own, and those extra threads (spinning
-  // after each region) take cores from the training step's team: on a 2-core CPU host the GEMMs
-  // of the step slowed by ~10% (bench/ notes). Batches are small; one thread each is plenty.
-  c10::ParallelGuard serial(true);
+  // Batches are small: one thread each is plenty, and an OpenMP team per worker would slow
+  // the training step's own team (data/serial_thread.h).
+  run_aten_serially_on_this_thread();
   for (;;) {
     Task task;
     {

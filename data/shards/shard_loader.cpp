@@ -1,11 +1,11 @@
 #include "data/shards/shard_loader.h"
 
 #include "data/data_error.h"
+#include "data/serial_thread.h"
 #include "data/splitmix64.h"
 #include "data/shards/shard_list.h"
 #include "data/shards/stream_plan.h"
 
-#include <c10/util/ParallelGuard.h>
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -120,9 +120,7 @@ void ShardLoader::fail(std::exception_ptr error) {
 }
 
 void ShardLoader::worker_loop(int64_t worker) {
-  // Decoding runs serially in this thread (see Loader::worker_loop: OpenMP teams of loader
-  // threads slow the training step's GEMMs on small hosts).
-  c10::ParallelGuard serial(true);
+  run_aten_serially_on_this_thread();  // decoding stays on this thread (data/serial_thread.h)
   try {
     for (int64_t epoch = start_.epoch;; ++epoch) {
       struct Owned {
@@ -347,7 +345,7 @@ void ShardLoader::restore_pending(const std::vector<int64_t>& pairs) {
 }
 
 void ShardLoader::assembler_loop() {
-  c10::ParallelGuard serial(true);
+  run_aten_serially_on_this_thread();
   try {
     for (;;) {
       if (cursor_.batches_left == 0) {  // the epoch ends: what is left in the streams is not used

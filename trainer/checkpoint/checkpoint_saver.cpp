@@ -1,5 +1,7 @@
 #include "trainer/checkpoint/checkpoint_saver.h"
 
+#include "data/serial_thread.h"
+
 #include <chrono>
 
 namespace flowtrain::trainer {
@@ -48,6 +50,7 @@ void CheckpointSaver::save(const CheckpointContents& contents) {
   CheckpointContents staged = stager_.stage(contents);  // CUDA: copies issued on a side stream
   const double blocked = seconds_since(t0);
   pending_ = std::async(std::launch::async, [this, staged = std::move(staged), blocked, finish]() {
+    data::run_aten_serially_on_this_thread();  // the training step keeps the cores' OpenMP team
     stager_.wait();  // the copies have landed before the files are written from the buffers
     finish(persist(staged, blocked));
   });
