@@ -19,8 +19,11 @@ import sys
 
 
 def cpu_ops(path):
-    with open(path) as f:
-        trace = json.load(f)
+    try:
+        with open(path) as f:
+            trace = json.load(f)
+    except (OSError, ValueError) as err:  # missing, unreadable, or cut short (a run killed mid-write)
+        sys.exit(f"trace_summary: {path}: {err}")
     events = trace["traceEvents"] if isinstance(trace, dict) else trace
     return [e for e in events
             if e.get("ph") == "X" and e.get("cat") in ("cpu_op", "user_annotation", "python_function")
@@ -35,23 +38,20 @@ def self_times(events, by):
     for ops in threads.values():
         # Parents first: earlier start, and at equal start the longer one encloses the shorter.
         ops.sort(key=lambda e: (e["ts"], -e["dur"]))
-        stack = []  # [event, children's duration]
-        out = []
+        stack = []  # open ops: [event, its parent's name, its children's summed duration]
 
-        def close(entry):
-            event, children = entry
-            parent = stack[-1][0]["name"] if stack else ""
-            out.append((key_of(event, parent, by), event["dur"] - children))
+        def pop():
+            event, parent, children = stack.pop()
+            return key_of(event, parent, by), event["dur"] - children
 
         for e in ops:
             while stack and e["ts"] >= stack[-1][0]["ts"] + stack[-1][0]["dur"]:
-                close(stack.pop())
+                yield pop()
             if stack:
-                stack[-1][1] += e["dur"]
-            stack.append([e, 0.0])
+                stack[-1][2] += e["dur"]
+            stack.append([e, stack[-1][0]["name"] if stack else "", 0.0])
         while stack:
-            close(stack.pop())
-        yield from out
+            yield pop()
 
 
 def key_of(event, parent, by):
