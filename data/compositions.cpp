@@ -174,8 +174,11 @@ void write_text(const fs::path& path, const std::string& text) {
 
 std::vector<std::string> read_lines(const fs::path& path) {
   std::ifstream f(path);
-  if (!f) throw DataError(fmt::format("{}: cannot open (make the data set with `flowtrain data make-compositions`)",
-                                      path.string()));
+  // eval_prompts.jsonl is read here for both text-conditioned sets, so the hint names both makers.
+  if (!f)
+    throw DataError(fmt::format("{}: cannot open (make the data set with `flowtrain data make-compositions`, or "
+                                "`flowtrain data make-moving-fashion` for video shards)",
+                                path.string()));
   std::vector<std::string> lines;
   for (std::string line; std::getline(f, line);)
     if (!line.empty()) lines.push_back(line);
