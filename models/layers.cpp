@@ -5,6 +5,7 @@
 #include <torch/nn/modules/activation.h>
 
 #include "models/kernels/cpu_fused.h"
+#include "models/kernels/cuda/cuda_fused.h"
 
 #include <algorithm>
 #include <cmath>
@@ -32,18 +33,10 @@ bool is_default_attention(const AttentionFn& fn) {
   return target != nullptr && *target == &default_attention_kernel;
 }
 
-torch::nn::Linear make_linear(int64_t in_features, int64_t out_features, bool bias) {
-  return torch::nn::Linear(torch::nn::LinearOptions(in_features, out_features).bias(bias));
-}
-
-at::Tensor linear_forward(const torch::nn::Linear& layer, const at::Tensor& x) {
-  return at::linear(x, layer->weight, layer->bias);
-}
-
 void xavier_init_linears(torch::nn::Module& model) {
   at::NoGradGuard no_grad;
   for (const auto& module : model.modules(/*include_self=*/false)) {
-    if (auto* linear = module->as<torch::nn::Linear>()) {
+    if (auto* linear = module->as<Linear>()) {
       torch::nn::init::xavier_uniform_(linear->weight);
       if (linear->bias.defined()) torch::nn::init::zeros_(linear->bias);
     }
@@ -65,13 +58,16 @@ at::Tensor layer_norm_no_affine(const at::Tensor& x) {
 }
 
 at::Tensor adaln_modulate(const at::Tensor& x, const at::Tensor& shift, const at::Tensor& scale) {
-  if (!cpu_fused::supports(x, {&shift, &scale})) return modulate(layer_norm_no_affine(x), shift, scale);
-  return cpu_fused::adaln_modulate(x, shift, scale, kLayerNormEps);
+  if (cpu_fused::supports(x, {&shift, &scale})) return cpu_fused::adaln_modulate(x, shift, scale, kLayerNormEps);
+  if (cuda_fused::supports_adaln_modulate(x, shift, scale))
+    return cuda_fused::adaln_modulate(x, shift, scale, kLayerNormEps);
+  return modulate(layer_norm_no_affine(x), shift, scale);
 }
 
 at::Tensor gated_residual(const at::Tensor& x, const at::Tensor& gate, const at::Tensor& y) {
-  if (!cpu_fused::supports(x, {&gate}, &y)) return at::addcmul(x, gate.unsqueeze(1), y);
-  return cpu_fused::gated_residual(x, gate, y);
+  if (cpu_fused::supports(x, {&gate}, &y)) return cpu_fused::gated_residual(x, gate, y);
+  if (cuda_fused::supports_gated_residual(x, gate, y)) return cuda_fused::gated_residual(x, gate, y);
+  return at::addcmul(x, gate.unsqueeze(1), y);
 }
 
 // 1-D table for positions `pos` [M]: [M, dim] = cat[sin(pos·ω), cos(pos·ω)], ω_k = 10000^(−k/(dim/2)).
@@ -116,8 +112,8 @@ at::Tensor PatchEmbedImpl::forward(const at::Tensor& x) {
 
 TimestepEmbedderImpl::TimestepEmbedderImpl(int64_t hidden, int64_t frequency_dim)
     : frequency_dim(frequency_dim) {
-  mlp = register_module("mlp", torch::nn::Sequential(make_linear(frequency_dim, hidden),
-                                                     torch::nn::SiLU(), make_linear(hidden, hidden)));
+  mlp = register_module("mlp", torch::nn::Sequential(Linear(frequency_dim, hidden),
+                                                     torch::nn::SiLU(), Linear(hidden, hidden)));
 }
 
 at::Tensor TimestepEmbedderImpl::forward(const at::Tensor& t) {
@@ -136,8 +132,8 @@ at::Tensor LabelEmbedderImpl::forward(const at::Tensor& labels) {
 
 AttentionImpl::AttentionImpl(int64_t hidden, int64_t heads, AttentionFn attention)
     : heads(heads), attention(std::move(attention)) {
-  qkv = register_module("qkv", make_linear(hidden, 3 * hidden));
-  proj = register_module("proj", make_linear(hidden, hidden));
+  qkv = register_module("qkv", Linear(hidden, 3 * hidden));
+  proj = register_module("proj", Linear(hidden, hidden));
 }
 
 at::Tensor AttentionImpl::forward(const at::Tensor& x) {
@@ -146,23 +142,23 @@ at::Tensor AttentionImpl::forward(const at::Tensor& x) {
   // (views, no copy). unbind rather than permute + index: its backward stacks the three
   // gradients straight into the [B, N, 3·D] layout of the qkv output (indexing would build three
   // zero-filled [3, B, H, N, Dh] tensors, add them and copy the sum back to [B, N, 3·D]).
-  const at::Tensor qkv_out = linear_forward(qkv, x);
+  const at::Tensor qkv_out = qkv(x);
   if (is_default_attention(attention) && cpu_fused::supports_qkv_attention(qkv_out, heads))
-    return linear_forward(proj, cpu_fused::qkv_attention(qkv_out, heads));  // same math, no transposes
+    return proj(cpu_fused::qkv_attention(qkv_out, heads));  // same math, no transposes
   const auto qkv_parts = qkv_out.reshape({B, N, 3, heads, D / heads}).unbind(2);
   at::Tensor out = attention(qkv_parts[0].transpose(1, 2), qkv_parts[1].transpose(1, 2),
                              qkv_parts[2].transpose(1, 2));  // [B, H, N, Dh]
-  return linear_forward(proj, out.transpose(1, 2).reshape({B, N, D}));
+  return proj(out.transpose(1, 2).reshape({B, N, D}));
 }
 
 MlpImpl::MlpImpl(int64_t hidden, int64_t mlp_hidden) {
-  fc1 = register_module("fc1", make_linear(hidden, mlp_hidden));
-  fc2 = register_module("fc2", make_linear(mlp_hidden, hidden));
+  fc1 = register_module("fc1", Linear(hidden, mlp_hidden));
+  fc2 = register_module("fc2", Linear(mlp_hidden, hidden));
 }
 
 at::Tensor MlpImpl::forward(const at::Tensor& x) {
-  const at::Tensor h = linear_forward(fc1, x);
-  return linear_forward(fc2, gelu_tanh(h));
+  const at::Tensor h = fc1(x);
+  return fc2(gelu_tanh(h));
 }
 
 }  // namespace flowtrain::models

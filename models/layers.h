@@ -5,6 +5,7 @@
 // timm's Attention/Mlp/PatchEmbed), so their weights load and our exports load into their code.
 #pragma once
 
+#include "models/linear.h"
 #include "models/model.h"
 
 #include <ATen/ATen.h>
@@ -12,7 +13,6 @@
 #include <torch/nn/modules/container/sequential.h>
 #include <torch/nn/modules/conv.h>
 #include <torch/nn/modules/embedding.h>
-#include <torch/nn/modules/linear.h>
 #include <torch/nn/pimpl.h>
 
 #include <functional>
@@ -32,19 +32,10 @@ constexpr int64_t kMathAttentionMaxTokens = 128;
 // softmax((q/√Dh)·kᵀ)·v with explicit GEMMs (keeps the [B, H, N, N] probabilities for backward).
 at::Tensor math_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v);
 
-// Every linear layer of a model is created here, so that one setting (fp8 training, a later
-// issue) can switch the implementation of all of them in one place.
-torch::nn::Linear make_linear(int64_t in_features, int64_t out_features, bool bias = true);
-// xavier_uniform on every Linear's weight and zero biases, in module order (the DiT reference's
-// _basic_init; Flux's from-scratch initialisation starts the same way). Draws from the global
-// CPU generator.
+// xavier_uniform on every Linear's weight (models/linear.h) and zero biases, in module order (the
+// DiT reference's _basic_init; Flux's from-scratch initialisation starts the same way). Draws
+// from the global CPU generator.
 void xavier_init_linears(torch::nn::Module& model);
-
-// layer(x) = x·Wᵀ + b through at::linear, as torch.nn.functional.linear: tokens [B, N, in] are
-// flattened into one addmm with the bias. (torch::nn::Linear::forward goes through the C++
-// frontend's own functional, which does a matmul and then a separate in-place bias add for
-// inputs of more than 2 dims: an extra pass over the output, and a reduction for ∂b.)
-at::Tensor linear_forward(const torch::nn::Linear& layer, const at::Tensor& x);
 
 // GELU, tanh approximation (as at::gelu(x, "tanh")): the fused CPU kernel for fp32 CPU tensors
 // when the CPU has AVX2+FMA (models/kernels/cpu_fused.h), else ATen.
@@ -59,13 +50,15 @@ at::Tensor layer_norm_no_affine(const at::Tensor& x);
 // adaLN: modulate(layer_norm_no_affine(x), shift, scale), x [B, N, D], shift/scale [B, D].
 // fp32 on the CPU: one fused kernel each way (per token: moments, normalise, modulate; backward:
 // the LayerNorm gradient with the per-sample gain 1 + scale, and the shift/scale gradients
-// reduced over tokens in the same pass), saving only x and the per-token mean and 1/σ. Other
-// devices and dtypes (CUDA, bf16 autocast): the same two ATen ops as the composition.
+// reduced over tokens in the same pass), saving only x and the per-token mean and 1/σ. CUDA:
+// the fused kernel of models/kernels/cuda/ (one pass each way, fp32 math, bf16 or fp32 tensors).
+// Elsewhere: the same two ATen ops as the composition.
 at::Tensor adaln_modulate(const at::Tensor& x, const at::Tensor& shift, const at::Tensor& scale);
 
 // The gated residual of a DiT block, x + gate·y, with a per-sample gate [B, D] broadcast over
 // tokens [B, N, D]. fp32 on the CPU: one pass forward; backward ∂y = g·gate and ∂gate = Σ_tokens
-// g·y in one pass (∂x = g). Elsewhere at::addcmul.
+// g·y in one pass (∂x = g). CUDA with x and y of one dtype: the fused kernel
+// (models/kernels/cuda/). Elsewhere at::addcmul.
 at::Tensor gated_residual(const at::Tensor& x, const at::Tensor& gate, const at::Tensor& y);
 
 // Fixed 2-D sin-cos position table [grid·grid, dim] (float64 math, returned as float32).
@@ -112,7 +105,7 @@ TORCH_MODULE(LabelEmbedder);
 struct AttentionImpl : torch::nn::Module {
   AttentionImpl(int64_t hidden, int64_t heads, AttentionFn attention);
   at::Tensor forward(const at::Tensor& x);  // [B, N, D] -> [B, N, D]
-  torch::nn::Linear qkv{nullptr}, proj{nullptr};
+  Linear qkv{nullptr}, proj{nullptr};
   int64_t heads;
   AttentionFn attention;
 };
@@ -122,7 +115,7 @@ TORCH_MODULE(Attention);
 struct MlpImpl : torch::nn::Module {
   MlpImpl(int64_t hidden, int64_t mlp_hidden);
   at::Tensor forward(const at::Tensor& x);
-  torch::nn::Linear fc1{nullptr}, fc2{nullptr};
+  Linear fc1{nullptr}, fc2{nullptr};
 };
 TORCH_MODULE(Mlp);
 

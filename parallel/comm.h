@@ -29,7 +29,7 @@ class Work {
 };
 using WorkHandle = std::shared_ptr<Work>;
 
-enum class ReduceOp { Sum, Avg };
+enum class ReduceOp { Sum, Avg, Max };
 
 // Host seconds the calling thread has spent blocked in Work::wait() (barriers included), over
 // the process's life. The training thread's share of a step is its collective wait: time spent

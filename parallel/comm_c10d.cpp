@@ -124,6 +124,7 @@ class C10dComm : public Comm {
  private:
   // Gloo has no AVG: sum, then divide once the data has arrived.
   c10d::ReduceOp c10d_op(ReduceOp op) const {
+    if (op == ReduceOp::Max) return c10d::ReduceOp::MAX;
     return op == ReduceOp::Avg && native_avg_ ? c10d::ReduceOp::AVG : c10d::ReduceOp::SUM;
   }
   std::function<void()> divide_after(ReduceOp op, const at::Tensor& t) const {

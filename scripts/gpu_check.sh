@@ -5,7 +5,8 @@
 #           (optional, for the PyTorch comparison) pip download --only-binary :all: --no-deps -d .wheels safetensors
 #   there:  bash scripts/gpu_check.sh          (carry .debs and .wheels; results under $OUT)
 # From a bare machine, in ≤ 8 minutes: builds against that machine's own torch, runs the `gpu`
-# and `unit` tests, trains the default config in bf16 (and fp32), benchmarks DiT-B/2 and DiT-XL/2
+# and `unit` tests, measures the fused CUDA kernels' bandwidth against a device copy
+# (flowtrain_kernel_bench), trains the default config in bf16 (and fp32), benchmarks DiT-B/2 and DiT-XL/2
 # on synthetic 32×32×4 latents (`flowtrain bench`: step time, MFU against the measured bf16
 # matmul peak, peak memory), FSDP on NCCL at world 1 with a 3-step Kineto trace, and — while time
 # remains — flowtrain against PyTorch eager / torch.compile on DiT-B/2 bf16. One PASS/FAIL line per
@@ -57,6 +58,34 @@ for label in gpu unit; do
   if ((rc == 0)); then record PASS "ctest -L $label" "$line ($skipped skipped)"
   else record FAIL "ctest -L $label" "$line: $(grep -E '\(Failed\)' "$OUT/ctest-$label.log" | head -5 | tr '\n' ' ')"; fi
 done
+
+# ---- fused CUDA kernels: bandwidth against a device-to-device copy ------------------------------
+# Every fused kernel of models/kernels/cuda, forward and backward, at Flux sizes in bf16 must move
+# its minimum bytes at ≥ 70% of the measured copy bandwidth (bench/kernel_bench.cpp; ~30 s).
+if in_budget; then
+  ./build-gpu/flowtrain_kernel_bench > "$OUT/kernel_bench.log" 2>&1
+  rc=$?
+  grep '^{' "$OUT/kernel_bench.log" > "$OUT/kernel_bench.json"
+  figure=$(python3 - "$OUT/kernel_bench.json" <<'PY'
+import json, sys
+try:
+    rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+    copy = next(r for r in rows if r["kernel"] == "copy")
+    kernels = [r for r in rows if "copy_fraction" in r]
+    worst = min(kernels, key=lambda r: r["copy_fraction"])
+    ok = all(r["copy_fraction"] >= 0.7 for r in kernels)
+    print(("ok " if ok else "bad ") + f"{len(kernels)} kernel passes, worst {worst['kernel']} {worst['pass']} "
+          f"{100 * worst['copy_fraction']:.0f}% ({worst['fused_gbps']:.0f} of {copy['copy_gbps']:.0f} GB/s), "
+          f"median speedup over ATen {sorted(r['speedup'] for r in kernels)[len(kernels) // 2]:.2f}x")
+except Exception as e:
+    print(f"bad no report ({e})")
+PY
+)
+  if ((rc == 0)) && [[ $figure == ok* ]]; then record PASS "kernel bandwidth" "${figure#ok }"
+  else record FAIL "kernel bandwidth" "rc $rc, ${figure#* } (kernel_bench.log)"; fi
+else
+  record SKIP "kernel bandwidth" "time budget"
+fi
 
 # ---- training and benchmarks -------------------------------------------------------------------
 train() {  # name config steps extra-sets… -> PASS when it exits 0 with a finite last loss

@@ -91,7 +91,7 @@ class LocalTrainState : public TrainState {
     model_->eval();
     try {
       at::NoGradGuard no_grad;
-      models::AutocastRegion autocast(config_.train.precision == "bf16", device_type());
+      models::AutocastRegion autocast(config_.train.bf16_autocast(), device_type());
       fn([this](const at::Tensor& x, const at::Tensor& t, const models::Conditioning& c) {
         return model_->forward(x, t, c);
       });

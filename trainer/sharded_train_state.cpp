@@ -24,7 +24,7 @@ parallel::FsdpOptions fsdp_options(const Config& c) {
   parallel::FsdpOptions o;
   o.reshard_after_forward = c.parallel.reshard_after_forward;
   o.prefetch = c.parallel.prefetch;
-  o.compute_dtype = c.train.precision == "bf16" ? at::kBFloat16 : at::kFloat;
+  o.compute_dtype = c.train.bf16_autocast() ? at::kBFloat16 : at::kFloat;
   o.reduce_dtype = c.parallel.reduce_dtype == "bf16" ? at::kBFloat16 : at::kFloat;
   o.reduce_every_micro_batch = c.parallel.reduce_every_micro_batch;
   o.context_parallel = c.parallel.cp;
@@ -170,7 +170,7 @@ class ShardedTrainState : public TrainState {
     model_->eval();
     {
       at::NoGradGuard no_grad;
-      models::AutocastRegion autocast(config_.train.precision == "bf16", shards().front().device().type());
+      models::AutocastRegion autocast(config_.train.bf16_autocast(), shards().front().device().type());
       fn([this](const at::Tensor& x, const at::Tensor& t, const models::Conditioning& c) {
         fsdp_->begin_forward();
         return model_->forward(x, t, c);

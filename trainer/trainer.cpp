@@ -1,5 +1,7 @@
 #include "trainer/trainer.h"
 
+#include "trainer/fp8_setup.h"
+
 #include "trainer/data_source.h"
 #include "data/shards/shard_loader.h"
 
@@ -137,6 +139,7 @@ Trainer::Trainer(Config config, TrainerHooks hooks) : config_(std::move(config))
     spdlog::info("initial weights from {}", config_.train.init_from);
   }
   const std::string cp_attention = config_.parallel.cp > 1 ? context_attention_kind(config_, *model) : "";
+  fp8_ = apply_fp8(*model, config_, device_);  // before sharding: FSDP gathers into the same modules
   if (config_.eval.every > 0) check_eval_config(config_, *model);  // every rank, up front
   if (distributed) {
     parallel::RuntimeOptions ro{env_, shape, config_.parallel.backend, config_.parallel.timeout_s, device_};
@@ -162,6 +165,7 @@ Trainer::Trainer(Config config, TrainerHooks hooks) : config_(std::move(config))
                "× {})",
                device_.str(), threads, config_.train.precision, config_.data.batch_size, dp_size_,
                config_.train.grad_accum, config_.data.batch_size / (dp_size_ * config_.train.grad_accum));
+  for (const std::string& line : fp8_log_lines(fp8_, config_, device_)) spdlog::info("{}", line);
   if (runtime_) {
     state_ = make_sharded_train_state(model, config_, *runtime_);
     spdlog::info("FSDP over {} ({} backend): {} units, {:.1f} MiB of training state on this rank", runtime_->mesh().describe(),
@@ -526,7 +530,7 @@ Trainer::StepResult Trainer::train_step() {
     at::Tensor loss;
     {
       ProfileRange range("forward");
-      models::AutocastRegion autocast(config_.train.precision == "bf16", device_.type());  // bf16: forward only
+      models::AutocastRegion autocast(config_.train.bf16_autocast(), device_.type());  // bf16: forward only
       models::FlowMatchingDraw draw = draw_step_inputs(config_, timesteps_, dropout, x0, cond.rows(m * micro, micro),
                                                        progress_.step, first_row + m * micro);
       models::FlowMatchingLoss fm = models::flow_matching_loss(velocity, x0, draw);
@@ -546,6 +550,7 @@ Trainer::StepResult Trainer::train_step() {
     r.loss += loss.detach() / accum;
   }
   ProfileRange range("optimizer");
+  commit_fp8_amax(fp8_, runtime_ ? &runtime_->world_group() : nullptr);  // delayed scaling only
   // A stop is voted with the step's reduction, so every rank stops at the same step: on a signal,
   // or on a failed save under checkpoint.on_error: stop (ranks may see that at different steps).
   const bool stop_requested = stop_signal() != 0 || !checkpoint_error_.empty();

@@ -12,6 +12,7 @@
 #include "data/shards/shard_loader.h"
 #include "models/model.h"
 #include "models/flow_matching.h"
+#include "models/fp8/convert.h"
 #include "trainer/checkpoint/checkpoint.h"
 #include "trainer/checkpoint/checkpoint_saver.h"
 #include "trainer/config/config.h"
@@ -129,6 +130,7 @@ class Trainer {
   int64_t dp_rank_ = 0, dp_size_ = 1;           // this rank's slice of each global batch
   RunConditioning conditioning_;  // what conditions the batches, grids and evaluations
   std::unique_ptr<TrainState> state_;
+  models::fp8::Fp8Conversion fp8_;  // the linears computing in fp8 (none unless fp8.recipe is set)
   LrSchedule schedule_;
   models::TimestepSampler timesteps_;
   std::shared_ptr<const data::ImageDataset> dataset_;

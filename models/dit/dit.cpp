@@ -42,7 +42,7 @@ DiTBlockImpl::DiTBlockImpl(int64_t hidden, int64_t heads, int64_t mlp_hidden, At
   attn = register_module("attn", Attention(hidden, heads, std::move(attention)));
   mlp = register_module("mlp", Mlp(hidden, mlp_hidden));
   adaLN_modulation = register_module(
-      "adaLN_modulation", torch::nn::Sequential(torch::nn::SiLU(), make_linear(hidden, 6 * hidden)));
+      "adaLN_modulation", torch::nn::Sequential(torch::nn::SiLU(), Linear(hidden, 6 * hidden)));
 }
 
 at::Tensor DiTBlockImpl::forward(const at::Tensor& x, const at::Tensor& c, const SublayerFn& sublayer) {
@@ -66,14 +66,14 @@ at::Tensor DiTBlockImpl::forward(const at::Tensor& x, const at::Tensor& c, const
 // ---- final layer -------------------------------------------------------------------------
 
 FinalLayerImpl::FinalLayerImpl(int64_t hidden, int64_t patch, int64_t out_channels) {
-  linear = register_module("linear", make_linear(hidden, patch * patch * out_channels));
+  linear = register_module("linear", Linear(hidden, patch * patch * out_channels));
   adaLN_modulation = register_module(
-      "adaLN_modulation", torch::nn::Sequential(torch::nn::SiLU(), make_linear(hidden, 2 * hidden)));
+      "adaLN_modulation", torch::nn::Sequential(torch::nn::SiLU(), Linear(hidden, 2 * hidden)));
 }
 
 at::Tensor FinalLayerImpl::forward(const at::Tensor& x, const at::Tensor& c) {
   auto mod = adaLN_modulation->forward(c).chunk(2, /*dim=*/1);  // shift, scale
-  return linear_forward(linear, adaln_modulate(x, mod[0], mod[1]));  // modulate(norm_final(x), shift, scale)
+  return linear(adaln_modulate(x, mod[0], mod[1]));  // modulate(norm_final(x), shift, scale)
 }
 
 // ---- model -------------------------------------------------------------------------------
@@ -105,15 +105,15 @@ void DiTImpl::initialize_weights() {
   init::zeros_(x_embedder->proj->bias);
   // 4. Embedders: normal(0, 0.02).
   init::normal_(y_embedder->embedding_table->weight, 0.0, 0.02);
-  for (int idx : {0, 2}) init::normal_(t_embedder->mlp[idx]->as<torch::nn::Linear>()->weight, 0.0, 0.02);
+  for (int idx : {0, 2}) init::normal_(t_embedder->mlp[idx]->as<Linear>()->weight, 0.0, 0.02);
   // 5. adaLN-Zero: every block's modulation and the final layer output start at zero, so each
   //    block is the identity and the model outputs 0 at initialisation.
   for (const auto& block : *blocks) {
-    auto* last = block->as<DiTBlock>()->adaLN_modulation[1]->as<torch::nn::Linear>();
+    auto* last = block->as<DiTBlock>()->adaLN_modulation[1]->as<Linear>();
     init::zeros_(last->weight);
     init::zeros_(last->bias);
   }
-  auto* final_mod = final_layer->adaLN_modulation[1]->as<torch::nn::Linear>();
+  auto* final_mod = final_layer->adaLN_modulation[1]->as<Linear>();
   init::zeros_(final_mod->weight);
   init::zeros_(final_mod->bias);
   init::zeros_(final_layer->linear->weight);

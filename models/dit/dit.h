@@ -59,7 +59,7 @@ TORCH_MODULE(DiTBlock);
 struct FinalLayerImpl : torch::nn::Module {
   FinalLayerImpl(int64_t hidden, int64_t patch, int64_t out_channels);
   at::Tensor forward(const at::Tensor& x, const at::Tensor& c);  // -> [B, T, p²·C_out]
-  torch::nn::Linear linear{nullptr};
+  Linear linear{nullptr};
   torch::nn::Sequential adaLN_modulation{nullptr};  // [SiLU, Linear(D, 2D)]
 };
 TORCH_MODULE(FinalLayer);

@@ -1,5 +1,7 @@
 #include "models/flux/flux.h"
 
+#include "models/kernels/cuda/cuda_fused.h"
+
 #include "models/flux/rope.h"
 
 #include <fmt/format.h>
@@ -130,6 +132,8 @@ at::Tensor image_ids(int64_t batch, int64_t h, int64_t w, const at::TensorOption
 RmsNormImpl::RmsNormImpl(int64_t dim) { scale = register_parameter("scale", at::ones({dim})); }
 
 at::Tensor RmsNormImpl::forward(const at::Tensor& x) {
+  // CUDA: one fused pass each way with the same fp32 math and rounding.
+  if (cuda_fused::supports_qk_rmsnorm(x, scale)) return cuda_fused::qk_rmsnorm(x, scale, 1e-6);
   const at::Tensor xf = x.to(at::promote_types(x.scalar_type(), at::kFloat));  // at least fp32, as the reference
   const at::Tensor rrms = at::rsqrt(xf.pow(2).mean(-1, /*keepdim=*/true) + 1e-6);
   return (xf * rrms).to(x.scalar_type()) * scale;
@@ -145,27 +149,27 @@ std::pair<at::Tensor, at::Tensor> QkNormImpl::forward(const at::Tensor& q, const
 }
 
 MlpEmbedderImpl::MlpEmbedderImpl(int64_t in_dim, int64_t hidden) {
-  in_layer = register_module("in_layer", make_linear(in_dim, hidden));
-  out_layer = register_module("out_layer", make_linear(hidden, hidden));
+  in_layer = register_module("in_layer", Linear(in_dim, hidden));
+  out_layer = register_module("out_layer", Linear(hidden, hidden));
 }
 
 at::Tensor MlpEmbedderImpl::forward(const at::Tensor& x) {
-  return linear_forward(out_layer, at::silu(linear_forward(in_layer, x)));
+  return out_layer(at::silu(in_layer(x)));
 }
 
 ModulationImpl::ModulationImpl(int64_t hidden, int64_t chunks) : chunks(chunks) {
-  lin = register_module("lin", make_linear(hidden, chunks * hidden));
+  lin = register_module("lin", Linear(hidden, chunks * hidden));
 }
 
 std::vector<at::Tensor> ModulationImpl::forward(const at::Tensor& vec) {
-  return linear_forward(lin, at::silu(vec)).chunk(chunks, /*dim=*/1);  // each [B, D]
+  return lin(at::silu(vec)).chunk(chunks, /*dim=*/1);  // each [B, D]
 }
 
 FluxSelfAttentionImpl::FluxSelfAttentionImpl(int64_t hidden, int64_t heads, bool qkv_bias) : heads(heads) {
   // Registration order = the reference's state_dict order: qkv, norm, proj.
-  qkv = register_module("qkv", make_linear(hidden, 3 * hidden, qkv_bias));
+  qkv = register_module("qkv", Linear(hidden, 3 * hidden, qkv_bias));
   norm = register_module("norm", QkNorm(hidden / heads));
-  proj = register_module("proj", make_linear(hidden, hidden));
+  proj = register_module("proj", Linear(hidden, hidden));
 }
 
 namespace {
@@ -175,19 +179,18 @@ std::vector<at::Tensor> split_heads(const at::Tensor& qkv, int64_t heads) {
   return qkv.reshape({B, L, 3, heads, D / heads}).permute({2, 0, 3, 1, 4}).unbind(0);
 }
 at::Tensor mlp_forward(torch::nn::Sequential mlp, const at::Tensor& x) {  // [Linear, GELU(tanh), Linear]
-  const auto* fc1 = mlp[0]->as<torch::nn::Linear>();
-  const auto* fc2 = mlp[2]->as<torch::nn::Linear>();
-  return at::linear(gelu_tanh(at::linear(x, fc1->weight, fc1->bias)), fc2->weight, fc2->bias);
+  // The Sequential keeps the reference's keys (img_mlp.0 / .2); gelu_tanh picks the fused kernel.
+  return mlp[2]->as<Linear>()->forward(gelu_tanh(mlp[0]->as<Linear>()->forward(x)));
 }
 torch::nn::Sequential make_mlp(int64_t hidden, int64_t mlp_hidden) {
-  return torch::nn::Sequential(make_linear(hidden, mlp_hidden),
+  return torch::nn::Sequential(Linear(hidden, mlp_hidden),
                                torch::nn::GELU(torch::nn::GELUOptions().approximate("tanh")),
-                               make_linear(mlp_hidden, hidden));
+                               Linear(mlp_hidden, hidden));
 }
 }  // namespace
 
 std::vector<at::Tensor> FluxSelfAttentionImpl::project_qkv(const at::Tensor& x) {
-  auto qkv_heads = split_heads(linear_forward(qkv, x), heads);
+  auto qkv_heads = split_heads(qkv(x), heads);
   auto [q, k] = norm->forward(qkv_heads[0], qkv_heads[1], qkv_heads[2]);
   return {q, k, qkv_heads[2]};
 }
@@ -225,7 +228,7 @@ Tensors DoubleStreamBlockImpl::forward(const at::Tensor& img, const at::Tensor& 
     // split, not two narrows: its backward is one cat of the two gradients (a narrow's backward
     // zero-fills a full-size buffer for each piece and then adds them).
     const auto streams = attn.split_with_sizes({in[1].size(1), in[0].size(1)}, 1);
-    return Tensors{linear_forward(img_attn->proj, streams[1]), linear_forward(txt_attn->proj, streams[0])};
+    return Tensors{img_attn->proj(streams[1]), txt_attn->proj(streams[0])};
   };
   const Tensors attn =
       run_sublayer(sublayer, Sublayer::Attention, joint_attention, {img, txt, im[0], im[1], tm[0], tm[1], angles});
@@ -241,8 +244,8 @@ Tensors DoubleStreamBlockImpl::forward(const at::Tensor& img, const at::Tensor& 
 
 SingleStreamBlockImpl::SingleStreamBlockImpl(int64_t hidden, int64_t heads, int64_t mlp_hidden, AttentionFn attention)
     : heads(heads), mlp_hidden(mlp_hidden), attention(std::move(attention)) {
-  linear1 = register_module("linear1", make_linear(hidden, 3 * hidden + mlp_hidden));
-  linear2 = register_module("linear2", make_linear(hidden + mlp_hidden, hidden));
+  linear1 = register_module("linear1", Linear(hidden, 3 * hidden + mlp_hidden));
+  linear2 = register_module("linear2", Linear(hidden + mlp_hidden, hidden));
   norm = register_module("norm", QkNorm(hidden / heads));
   modulation = register_module("modulation", Modulation(hidden, 3));
 }
@@ -251,7 +254,7 @@ at::Tensor SingleStreamBlockImpl::forward(const at::Tensor& x, const at::Tensor&
                                           const SublayerFn& sublayer) {
   const auto mod = modulation->forward(vec);  // shift, scale, gate
   const int64_t D = x.size(2);
-  const at::Tensor h = linear_forward(linear1, adaln_modulate(x, mod[0], mod[1]));
+  const at::Tensor h = linear1(adaln_modulate(x, mod[0], mod[1]));
   const auto parts = h.split_with_sizes({3 * D, mlp_hidden}, 2);  // one cat in backward (see above)
   const UnitCall attention_branch = [this](const Tensors& in) {  // qkv, angles
     auto qkv_heads = split_heads(in[0], heads);
@@ -259,21 +262,21 @@ at::Tensor SingleStreamBlockImpl::forward(const at::Tensor& x, const at::Tensor&
     return Tensors{rope_attention(attention, q, k, qkv_heads[2], in[1])};
   };
   const UnitCall mlp_branch = [this](const Tensors& in) {  // attention output, MLP pre-activation
-    return Tensors{linear_forward(linear2, at::cat({in[0], gelu_tanh(in[1])}, 2))};
+    return Tensors{linear2(at::cat({in[0], gelu_tanh(in[1])}, 2))};
   };
   const at::Tensor attn = run_sublayer(sublayer, Sublayer::Attention, attention_branch, {parts[0], angles})[0];
   return gated_residual(x, mod[2], run_sublayer(sublayer, Sublayer::Mlp, mlp_branch, {attn, parts[1]})[0]);
 }
 
 FluxFinalLayerImpl::FluxFinalLayerImpl(int64_t hidden, int64_t out_features) {
-  linear = register_module("linear", make_linear(hidden, out_features));
+  linear = register_module("linear", Linear(hidden, out_features));
   adaLN_modulation = register_module(
-      "adaLN_modulation", torch::nn::Sequential(torch::nn::SiLU(), make_linear(hidden, 2 * hidden)));
+      "adaLN_modulation", torch::nn::Sequential(torch::nn::SiLU(), Linear(hidden, 2 * hidden)));
 }
 
 at::Tensor FluxFinalLayerImpl::forward(const at::Tensor& x, const at::Tensor& vec) {
   const auto mod = adaLN_modulation->forward(vec).chunk(2, /*dim=*/1);  // shift, scale
-  return linear_forward(linear, adaln_modulate(x, mod[0], mod[1]));
+  return linear(adaln_modulate(x, mod[0], mod[1]));
 }
 
 // ---- model -----------------------------------------------------------------------------------
@@ -286,11 +289,11 @@ FluxImpl::FluxImpl(const FluxOptions& o, AttentionFn attention) : options(o) {
   TORCH_CHECK(o.frames >= 1 && o.patch_t >= 1 && o.frames % o.patch_t == 0, "Flux: frames ", o.frames,
               " not a positive multiple of patch_t ", o.patch_t);
   // Registration order = the reference's state_dict order.
-  img_in = register_module("img_in", make_linear(o.token_dim(), o.hidden));
+  img_in = register_module("img_in", Linear(o.token_dim(), o.hidden));
   time_in = register_module("time_in", MlpEmbedder(256, o.hidden));
   vector_in = register_module("vector_in", MlpEmbedder(o.vec_dim, o.hidden));
   if (o.guidance_embed) guidance_in = register_module("guidance_in", MlpEmbedder(256, o.hidden));
-  txt_in = register_module("txt_in", make_linear(o.context_dim, o.hidden));
+  txt_in = register_module("txt_in", Linear(o.context_dim, o.hidden));
   double_blocks = register_module("double_blocks", torch::nn::ModuleList());
   for (int64_t i = 0; i < o.depth; ++i)
     double_blocks->push_back(DoubleStreamBlock(o.hidden, o.heads, o.mlp_hidden(), o.qkv_bias, attention));
@@ -310,7 +313,7 @@ void FluxImpl::initialize_weights() {
     init::normal_((*e)->in_layer->weight, 0.0, 0.02);
     init::normal_((*e)->out_layer->weight, 0.0, 0.02);
   }
-  auto zero = [](torch::nn::LinearImpl& l) {
+  auto zero = [](LinearImpl& l) {
     init::zeros_(l.weight);
     if (l.bias.defined()) init::zeros_(l.bias);
   };
@@ -319,7 +322,7 @@ void FluxImpl::initialize_weights() {
     zero(*b->as<DoubleStreamBlock>()->txt_mod->lin);
   }
   for (const auto& b : *single_blocks) zero(*b->as<SingleStreamBlock>()->modulation->lin);
-  zero(*final_layer->adaLN_modulation[1]->as<torch::nn::Linear>());
+  zero(*final_layer->adaLN_modulation[1]->as<Linear>());
   zero(*final_layer->linear);
 }
 
@@ -327,14 +330,14 @@ at::Tensor FluxImpl::forward_tokens(const at::Tensor& img_tokens, const at::Tens
                                     const at::Tensor& txt_ids, const at::Tensor& timesteps, const at::Tensor& y,
                                     const at::Tensor& guidance) {
   TORCH_CHECK(img_tokens.dim() == 3 && txt_tokens.dim() == 3, "Flux: img and txt must be [B, L, ·]");
-  at::Tensor img = linear_forward(img_in, img_tokens);
+  at::Tensor img = img_in(img_tokens);
   at::Tensor vec = time_in->forward(timestep_features(timesteps * options.time_factor, 256));
   if (options.guidance_embed) {
     TORCH_CHECK(guidance.defined(), "Flux: a guidance-distilled model needs conditioning 'guidance'");
     vec = vec + guidance_in->forward(timestep_features(guidance * options.time_factor, 256));
   }
   vec = vec + vector_in->forward(y);
-  at::Tensor txt = linear_forward(txt_in, txt_tokens);
+  at::Tensor txt = txt_in(txt_tokens);
   at::Tensor img_pos = img_ids, txt_pos = txt_ids;
   if (sequence_split.split) {
     // Context parallelism over the joint sequence: each stream's tokens split with their ids.

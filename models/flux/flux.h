@@ -105,7 +105,7 @@ TORCH_MODULE(QkNorm);
 struct MlpEmbedderImpl : torch::nn::Module {
   MlpEmbedderImpl(int64_t in_dim, int64_t hidden);
   at::Tensor forward(const at::Tensor& x);
-  torch::nn::Linear in_layer{nullptr}, out_layer{nullptr};
+  Linear in_layer{nullptr}, out_layer{nullptr};
 };
 TORCH_MODULE(MlpEmbedder);
 
@@ -114,7 +114,7 @@ TORCH_MODULE(MlpEmbedder);
 struct ModulationImpl : torch::nn::Module {
   ModulationImpl(int64_t hidden, int64_t chunks);
   std::vector<at::Tensor> forward(const at::Tensor& vec);
-  torch::nn::Linear lin{nullptr};
+  Linear lin{nullptr};
   int64_t chunks;
 };
 TORCH_MODULE(Modulation);
@@ -124,7 +124,7 @@ struct FluxSelfAttentionImpl : torch::nn::Module {
   FluxSelfAttentionImpl(int64_t hidden, int64_t heads, bool qkv_bias);
   // x [B, L, D] -> q, k, v [B, H, L, Dh] with q and k normalised.
   std::vector<at::Tensor> project_qkv(const at::Tensor& x);
-  torch::nn::Linear qkv{nullptr}, proj{nullptr};
+  Linear qkv{nullptr}, proj{nullptr};
   QkNorm norm{nullptr};
   int64_t heads;
 };
@@ -156,7 +156,7 @@ struct SingleStreamBlockImpl : torch::nn::Module {
   // here the GELU and linear2, which mixes attention and MLP features, so it goes with the MLP.
   at::Tensor forward(const at::Tensor& x, const at::Tensor& vec, const at::Tensor& angles,
                      const SublayerFn& sublayer = {});
-  torch::nn::Linear linear1{nullptr}, linear2{nullptr};  // D -> 3D + M; D + M -> D
+  Linear linear1{nullptr}, linear2{nullptr};  // D -> 3D + M; D + M -> D
   QkNorm norm{nullptr};
   Modulation modulation{nullptr};
   int64_t heads, mlp_hidden;
@@ -168,7 +168,7 @@ TORCH_MODULE(SingleStreamBlock);
 struct FluxFinalLayerImpl : torch::nn::Module {
   FluxFinalLayerImpl(int64_t hidden, int64_t out_features);
   at::Tensor forward(const at::Tensor& x, const at::Tensor& vec);
-  torch::nn::Linear linear{nullptr};
+  Linear linear{nullptr};
   torch::nn::Sequential adaLN_modulation{nullptr};  // [SiLU, Linear(D, 2D)]
 };
 TORCH_MODULE(FluxFinalLayer);
@@ -207,7 +207,7 @@ struct FluxImpl : DiffusionModel {
 
   FluxOptions options;
   double text_dropout = 0.1;
-  torch::nn::Linear img_in{nullptr}, txt_in{nullptr};
+  Linear img_in{nullptr}, txt_in{nullptr};
   MlpEmbedder time_in{nullptr}, vector_in{nullptr}, guidance_in{nullptr};
   torch::nn::ModuleList double_blocks{nullptr}, single_blocks{nullptr};
   FluxFinalLayer final_layer{nullptr};

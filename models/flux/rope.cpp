@@ -1,5 +1,7 @@
 #include "models/flux/rope.h"
 
+#include "models/kernels/cuda/cuda_fused.h"
+
 #include <c10/util/Exception.h>
 
 namespace flowtrain::models {
@@ -23,6 +25,7 @@ at::Tensor rope_angles(const at::Tensor& ids, const std::vector<int64_t>& axes_d
 }
 
 at::Tensor apply_rope(const at::Tensor& x, const at::Tensor& angles) {
+  if (cuda_fused::supports_rope(x, angles)) return cuda_fused::apply_rope(x, angles);  // one pass, fp32 math
   const int64_t D = x.size(-1);
   TORCH_CHECK(angles.size(-2) * 2 == D, "apply_rope: ", angles.size(-2), " pairs for head dim ", D);
   // At least fp32, as the reference (bf16 activations rotate in fp32); float64 stays float64.

@@ -9,20 +9,20 @@ namespace flowtrain::models {
 TextEncoderLayerImpl::TextEncoderLayerImpl(int64_t width, int64_t heads, int64_t mlp_hidden) : heads(heads) {
   TORCH_CHECK(width % heads == 0, "TextEncoder: width ", width, " not divisible by heads ", heads);
   norm1 = register_module("norm1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({width})));
-  qkv = register_module("qkv", make_linear(width, 3 * width));
-  proj = register_module("proj", make_linear(width, width));
+  qkv = register_module("qkv", Linear(width, 3 * width));
+  proj = register_module("proj", Linear(width, width));
   norm2 = register_module("norm2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({width})));
-  fc1 = register_module("fc1", make_linear(width, mlp_hidden));
-  fc2 = register_module("fc2", make_linear(mlp_hidden, width));
+  fc1 = register_module("fc1", Linear(width, mlp_hidden));
+  fc2 = register_module("fc2", Linear(mlp_hidden, width));
 }
 
 at::Tensor TextEncoderLayerImpl::forward(const at::Tensor& x, const at::Tensor& attend) {
   const int64_t B = x.size(0), L = x.size(1), W = x.size(2);
   // "B L (K H D) -> K B H L D"
-  const auto qkv_heads = linear_forward(qkv, norm1->forward(x)).reshape({B, L, 3, heads, W / heads}).permute({2, 0, 3, 1, 4}).unbind(0);
+  const auto qkv_heads = qkv(norm1->forward(x)).reshape({B, L, 3, heads, W / heads}).permute({2, 0, 3, 1, 4}).unbind(0);
   const at::Tensor attn = at::scaled_dot_product_attention(qkv_heads[0], qkv_heads[1], qkv_heads[2], attend);
-  at::Tensor h = x + linear_forward(proj, attn.transpose(1, 2).reshape({B, L, W}));
-  return h + linear_forward(fc2, gelu_tanh(linear_forward(fc1, norm2->forward(h))));
+  at::Tensor h = x + proj(attn.transpose(1, 2).reshape({B, L, W}));
+  return h + fc2(gelu_tanh(fc1(norm2->forward(h))));
 }
 
 TextEncoderImpl::TextEncoderImpl(const TextEncoderOptions& o) : options(o) {
@@ -32,7 +32,7 @@ TextEncoderImpl::TextEncoderImpl(const TextEncoderOptions& o) : options(o) {
   for (int64_t i = 0; i < o.depth; ++i)
     layers->push_back(TextEncoderLayer(o.width, o.heads, static_cast<int64_t>(o.width * o.mlp_ratio)));
   final_norm = register_module("final_norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({o.width})));
-  pooled_proj = register_module("pooled_proj", make_linear(o.width, o.pooled_dim));
+  pooled_proj = register_module("pooled_proj", Linear(o.width, o.pooled_dim));
 
   at::NoGradGuard no_grad;
   xavier_init_linears(*this);
@@ -53,7 +53,7 @@ TextEncoderImpl::Output TextEncoderImpl::forward(const at::Tensor& tokens, const
   const at::Tensor real = mask.unsqueeze(2).to(x.scalar_type());  // [B, L, 1]
   const at::Tensor txt = final_norm->forward(x) * real;
   const at::Tensor count = real.sum(1).clamp_min(1.0);  // [B, 1]
-  const at::Tensor pooled = linear_forward(pooled_proj, txt.sum(1) / count);
+  const at::Tensor pooled = pooled_proj(txt.sum(1) / count);
   return {txt, pooled * has_text.unsqueeze(1).to(pooled.scalar_type())};
 }
 

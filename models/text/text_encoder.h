@@ -9,11 +9,12 @@
 // dropped for classifier-free guidance) gives txt = 0 and vec = 0: SD3's unconditional input.
 #pragma once
 
+#include "models/linear.h"
+
 #include <ATen/ATen.h>
 #include <torch/nn/module.h>
 #include <torch/nn/modules/container/modulelist.h>
 #include <torch/nn/modules/embedding.h>
-#include <torch/nn/modules/linear.h>
 #include <torch/nn/modules/normalization.h>
 
 namespace flowtrain::models {
@@ -33,7 +34,7 @@ struct TextEncoderLayerImpl : torch::nn::Module {
   // x [B, L, W], attend bool [B, 1, 1, L] (true: key may be attended) -> [B, L, W]
   at::Tensor forward(const at::Tensor& x, const at::Tensor& attend);
   torch::nn::LayerNorm norm1{nullptr}, norm2{nullptr};
-  torch::nn::Linear qkv{nullptr}, proj{nullptr}, fc1{nullptr}, fc2{nullptr};
+  Linear qkv{nullptr}, proj{nullptr}, fc1{nullptr}, fc2{nullptr};
   int64_t heads;
 };
 TORCH_MODULE(TextEncoderLayer);
@@ -52,7 +53,7 @@ struct TextEncoderImpl : torch::nn::Module {
   at::Tensor position_embedding;  // [length, width], learned
   torch::nn::ModuleList layers{nullptr};
   torch::nn::LayerNorm final_norm{nullptr};
-  torch::nn::Linear pooled_proj{nullptr};
+  Linear pooled_proj{nullptr};
 };
 TORCH_MODULE(TextEncoder);
 

@@ -99,7 +99,7 @@ TEST(DiTMath, BlockUsesReferenceModulationOrder) {
   DiTBlock block(D, 2, 4 * D, default_attention());
   // Drive the modulation through the bias only: chunks are (shift_msa, scale_msa, gate_msa,
   // shift_mlp, scale_mlp, gate_mlp), each a distinct constant vector.
-  auto* lin = block->adaLN_modulation[1]->as<torch::nn::Linear>();
+  auto* lin = block->adaLN_modulation[1]->as<Linear>();
   at::NoGradGuard no_grad;
   lin->weight.zero_();
   at::Tensor chunks = at::randn({6, D});
@@ -301,12 +301,12 @@ TEST(DiTInit, AdaLNZeroAndFinalLayerAreZeroSoOutputIsZero) {
   at::manual_seed(1);
   DiT model(small_options());
   for (const auto& block : *model->blocks) {
-    auto* last = block->as<DiTBlock>()->adaLN_modulation[1]->as<torch::nn::Linear>();
+    auto* last = block->as<DiTBlock>()->adaLN_modulation[1]->as<Linear>();
     EXPECT_EQ(last->weight.abs().max().item<float>(), 0.f);
     EXPECT_EQ(last->bias.abs().max().item<float>(), 0.f);
   }
   EXPECT_EQ(model->final_layer->linear->weight.abs().max().item<float>(), 0.f);
-  EXPECT_EQ(model->final_layer->adaLN_modulation[1]->as<torch::nn::Linear>()->weight.abs().max().item<float>(), 0.f);
+  EXPECT_EQ(model->final_layer->adaLN_modulation[1]->as<Linear>()->weight.abs().max().item<float>(), 0.f);
   // Embedders are normal(0, 0.02): the sample std of 6·32 and 256·32 values is within 25%.
   const float y_std = model->y_embedder->embedding_table->weight.std().item<float>();
   EXPECT_NEAR(y_std, 0.02, 0.005);

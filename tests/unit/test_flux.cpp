@@ -115,7 +115,7 @@ at::Tensor mod(const at::Tensor& x, const at::Tensor& shift, const at::Tensor& s
 at::Tensor rms(const at::Tensor& x, const at::Tensor& scale) {
   return x * at::rsqrt(x.pow(2).mean(-1, true) + 1e-6) * scale;
 }
-at::Tensor lin(torch::nn::LinearImpl& l, const at::Tensor& x) { return at::linear(x, l.weight, l.bias); }
+at::Tensor lin(LinearImpl& l, const at::Tensor& x) { return at::linear(x, l.weight, l.bias); }
 at::Tensor heads_of(const at::Tensor& x, int64_t H) {  // [B, L, D] -> [B, H, L, Dh]
   return x.reshape({x.size(0), x.size(1), H, -1}).transpose(1, 2);
 }
@@ -152,7 +152,7 @@ TEST(Flux, BothBlockTypesFollowTheReferenceEquationsInFloat64) {
   auto* block = model->double_blocks[0]->as<DoubleStreamBlock>();
   const Tensors got = block->forward(img, txt, vec, angles);
   // reference
-  auto chunks = [&](torch::nn::LinearImpl& l, int64_t n) { return lin(l, at::silu(vec)).chunk(n, 1); };
+  auto chunks = [&](LinearImpl& l, int64_t n) { return lin(l, at::silu(vec)).chunk(n, 1); };
   const auto im = chunks(*block->img_mod->lin, 6), tm = chunks(*block->txt_mod->lin, 6);
   auto qkv = [&](FluxSelfAttentionImpl& a, const at::Tensor& x) {
     auto parts = lin(*a.qkv, x).chunk(3, -1);  // (K H D): q, k, v each [B, L, D]
@@ -164,7 +164,7 @@ TEST(Flux, BothBlockTypesFollowTheReferenceEquationsInFloat64) {
   const at::Tensor a = attend(rotate(at::cat({tq[0], iq[0]}, 2), angles), rotate(at::cat({tq[1], iq[1]}, 2), angles),
                               at::cat({tq[2], iq[2]}, 2));
   auto mlp = [&](torch::nn::Sequential& m, const at::Tensor& x) {
-    return lin(*m[2]->as<torch::nn::Linear>(), at::gelu(lin(*m[0]->as<torch::nn::Linear>(), x), "tanh"));
+    return lin(*m[2]->as<Linear>(), at::gelu(lin(*m[0]->as<Linear>(), x), "tanh"));
   };
   at::Tensor i = img + im[2].unsqueeze(1) * lin(*block->img_attn->proj, a.narrow(1, Lt, Li));
   i = i + im[5].unsqueeze(1) * mlp(block->img_mlp, mod(i, im[3], im[4]));

@@ -22,6 +22,9 @@
 #include "parallel/launch.h"
 #include "trainer/builders.h"
 #include "trainer/checkpoint/checkpoint.h"
+#include "trainer/first_micro_batch.h"
+#include "trainer/fp8_numerics.h"
+#include "models/fp8/recipe.h"
 #include "trainer/eval/classifier_cache.h"
 #include "trainer/eval/checkpoint_model.h"
 #include "trainer/eval/evaluate.h"
@@ -164,7 +167,7 @@ int cmd_sample(const ConfigArgs& args, SampleArgs a) {
   at::Tensor samples;
   {
     at::NoGradGuard no_grad;
-    models::AutocastRegion autocast(c.train.precision == "bf16", device.type());  // as training samples
+    models::AutocastRegion autocast(c.train.bf16_autocast(), device.type());  // as training samples
     if (!a.dump_inputs.empty()) {
       const at::Tensor noise = trainer::sample_noise(model, num, c.sample.seed).to(device);
       dump_flux_inputs(a.dump_inputs, model, noise, rows(at::arange(num, at::kLong)).to(device), so);
@@ -224,6 +227,39 @@ int cmd_train_classifier(const ConfigArgs& args, bool force) {
   std::printf("{\"path\": \"%s\", \"test_accuracy\": %.4f, \"weights_hash\": \"%s\", \"trained_now\": %s}\n",
               classifier.path.c_str(), classifier.test_accuracy, classifier.weights_hash.c_str(),
               classifier.trained_now ? "true" : "false");
+  return 0;
+}
+
+struct NumericsArgs {
+  std::string checkpoint, json;
+  std::vector<std::string> recipes;
+};
+
+// `flowtrain numerics`: trainer/fp8_numerics.h on the config's first training micro-batch.
+int cmd_numerics(const ConfigArgs& args, NumericsArgs a) {
+  trainer::Config c = args.load();
+  trainer::setup_logging("");
+  trainer::configure_threads(c.train);
+  const c10::Device device = trainer::select_device(c.run);
+  if (a.recipes.empty())
+    for (const auto& r : models::fp8::recipe_names())
+      if (r != "none") a.recipes.push_back(r);
+  std::shared_ptr<models::DiffusionModel> model;
+  if (!a.checkpoint.empty()) {
+    // The raw weights: the ones training computes with (the EMA never runs a training step).
+    model = trainer::load_checkpoint_model(c, a.checkpoint, /*raw=*/true, device).model;
+    model->train();
+  } else {
+    spdlog::warn("numerics: no --checkpoint, so the fresh initialisation of run.seed: its adaLN-Zero blocks pass no "
+                 "gradient yet (gradient SQNRs are null); give a checkpoint for a trained model's figures");
+    at::manual_seed(static_cast<uint64_t>(c.run.seed));
+    model = trainer::model_family(c.model.arch).build(c.model);
+    model->to(device);
+  }
+  const trainer::FirstMicroBatch batch = trainer::first_micro_batch(c, *model);
+  const trainer::NumericsReport report = trainer::fp8_numerics(c, *model, batch, a.recipes, device);
+  std::printf("%s", report.to_table().c_str());
+  if (!a.json.empty()) trainer::write_file_atomic(a.json, report.to_json() + "\n");
   return 0;
 }
 
@@ -412,6 +448,19 @@ int main(int argc, char** argv) {
   eval->add_option("--num", eval_num, "generated samples (default: eval.num)");
   eval->add_flag("--raw", eval_raw, "score the raw weights instead of the EMA weights (report: eval-raw.json)");
 
+  ConfigArgs numerics_args;
+  NumericsArgs numerics_options;
+  auto* numerics = app.add_subcommand(
+      "numerics", "fp8 numerics of one real batch, per recipe: each converted linear's SQNR of output, grad_input and "
+                  "grad_weight against float64, input amax, saturated and underflowed fractions; the whole model's "
+                  "loss and gradient-norm differences against fp32");
+  numerics_args.add_to(numerics);
+  numerics->add_option("--checkpoint", numerics_options.checkpoint,
+                       "checkpoint directory (its raw weights; default: the fresh initialisation)");
+  numerics->add_option("--recipe", numerics_options.recipes, "recipe to measure (repeatable; default: all)")
+      ->check(CLI::IsMember(models::fp8::recipe_names()));
+  numerics->add_option("--json", numerics_options.json, "also write the report as JSON to this file");
+
   ConfigArgs classifier_args;
   bool classifier_force = false;
   auto* train_classifier = app.add_subcommand(
@@ -517,6 +566,7 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (*bench) return cmd_bench(bench_args, bench_options, bench_json);
+    if (*numerics) return cmd_numerics(numerics_args, numerics_options);
     if (*eval) {
       trainer::Config c = eval_args.load();
       trainer::setup_logging("");

@@ -2,6 +2,8 @@
 // key is added in exactly one place (build_schema below) and can never be parsed but not
 // emitted, or emitted but not validated.
 #include "trainer/config/config.h"
+
+#include "models/fp8/recipe.h"
 #include "trainer/health/batch_ordinals.h"
 
 #include "trainer/model_registry.h"
@@ -313,6 +315,23 @@ std::vector<Section> build_schema() {
                        "CUDA: fp32 matmuls on TF32 tensor cores (10-bit mantissa products, fp32 accumulation)")
                   .add("init_from", &TrainConfig::init_from, any(),
                        "initial weights (safetensors, reference key names) when starting from scratch; '' = none")
+                  .section);
+
+  s.push_back(section("fp8", &Config::fp8)
+                  .add("recipe", &Fp8Config::recipe,
+                       one_of(models::fp8::recipe_names()),
+                       "fp8 GEMMs for the chosen linears: tensorwise (dynamic per-tensor scales, grads e5m2), rowwise "
+                       "(per-row power-of-two scales), rowwise_gw_hp (weight grad in bf16), delayed (scales from an "
+                       "amax history), mxfp8 (1x32 blocks, e8m0 scales)")
+                  .add("emulate", &Fp8Config::emulate, any(),
+                       "quantise, dequantise and multiply in fp32 (same numerics, no fp8 hardware); implied on the CPU")
+                  .add("include", &Fp8Config::include, any(),
+                       "module-name globs of linears to convert ('*' crosses dots)")
+                  .add("exclude", &Fp8Config::exclude, any(), "module-name globs kept in high precision")
+                  .add("min_dim", &Fp8Config::min_dim, at_least(1), "linears with fewer in or out features stay high precision")
+                  .add("amax_history_len", &Fp8Config::amax_history_len, at_least(1), "delayed: steps of amax history")
+                  .add("amax_reduce", &Fp8Config::amax_reduce, one_of({"max", "most_recent"}),
+                       "delayed: the history's max, or its newest entry")
                   .section);
 
   s.push_back(section("sample", &Config::sample)

@@ -110,6 +110,8 @@ struct TrainConfig {
   int64_t steps = 1000;
   int64_t grad_accum = 1;
   std::string precision = "fp32";  // fp32 | bf16 (bf16 autocast, fp32 master weights)
+  // The one reading of `precision`: bf16 means the forward runs under bf16 autocast.
+  bool bf16_autocast() const { return precision == "bf16"; }
   double ema_decay = 0.9999;       // 0 = no EMA (sampling then uses the raw weights)
   bool ema_warmup = true;          // decay_n = min(ema_decay, (1 + n) / (10 + n)) after n steps
   int64_t log_every = 10;
@@ -123,6 +125,18 @@ struct TrainConfig {
   // Initial weights of a run that starts from scratch: a safetensors file with the reference key
   // names (a Flux transformer: flowtrain export's --out, or BFL's checkpoints), loaded strictly.
   std::string init_from = "";
+};
+
+// FP8 compute for the block linears (models/fp8/, docs/fp8.md). Master weights stay fp32 and the
+// checkpoint format does not change; only how the GEMMs of the chosen linears compute.
+struct Fp8Config {
+  std::string recipe = "none";  // none | tensorwise | rowwise | rowwise_gw_hp | delayed | mxfp8
+  bool emulate = false;         // quantise + dequantise + fp32 GEMM (implied on the CPU)
+  std::vector<std::string> include = {"blocks.*", "double_blocks.*", "single_blocks.*"};
+  std::vector<std::string> exclude = {"*adaLN_modulation*", "*_mod.*", "*.modulation.*"};
+  int64_t min_dim = 16;            // smaller linears stay in high precision
+  int64_t amax_history_len = 16;   // delayed: steps of amax history
+  std::string amax_reduce = "max";  // delayed: max | most_recent over the history
 };
 
 struct SampleConfig {
@@ -227,6 +241,7 @@ struct Config {
   DataConfig data;
   OptimConfig optim;
   TrainConfig train;
+  Fp8Config fp8;
   SampleConfig sample;
   CheckpointConfig checkpoint;
   EvalConfig eval;

@@ -172,7 +172,7 @@ at::Tensor generate_eval_samples(models::DiffusionModel& model, const RowConditi
   {
     at::NoGradGuard no_grad;
     // In the training precision, as during training (TrainState::with_sampling_model).
-    models::AutocastRegion autocast(config.train.precision == "bf16", device.type());
+    models::AutocastRegion autocast(config.train.bf16_autocast(), device.type());
     models::VelocityFn velocity = [&](const at::Tensor& x, const at::Tensor& t, const models::Conditioning& c) {
       return model.forward(x, t, c);
     };

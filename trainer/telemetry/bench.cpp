@@ -1,5 +1,7 @@
 #include "trainer/telemetry/bench.h"
 
+#include "trainer/first_micro_batch.h"
+
 #include "trainer/data_source.h"
 
 #include "data/loader.h"
@@ -185,6 +187,7 @@ BenchReport run_benchmark(Config config, const BenchOptions& o) {
 
   r.device = device.str();
   r.precision = config.train.precision;
+  if (config.fp8.recipe != "none") r.precision += " + fp8 " + config.fp8.recipe + (config.fp8.emulate || !device.is_cuda() ? " (emulated)" : "");
   r.threads = at::get_num_threads();
   r.rank = trainer.rank();
   r.world = trainer.world();
@@ -217,7 +220,7 @@ BenchReport run_benchmark(Config config, const BenchOptions& o) {
     r.peak_tflops = o.peak_tflops * double(r.world);  // given per rank (per GPU)
     r.peak_source = r.world > 1 ? fmt::format("given × {} ranks", r.world) : "given";
   } else {
-    const at::ScalarType dtype = config.train.precision == "bf16" ? at::kBFloat16 : at::kFloat;
+    const at::ScalarType dtype = config.train.bf16_autocast() ? at::kBFloat16 : at::kFloat;
     // Every rank measures its own share (ranks sharing a machine measure at the same time, so
     // each gets its share of the cores); the job's peak is the sum, taken as world × this one.
     r.peak_tflops = measure_matmul_tflops(device, dtype) * double(r.world);
@@ -323,17 +326,9 @@ double write_parity_dump(const Config& c, const std::string& path) {
                       "(model.text_encoder_layers > 0) and no guidance embedding");
   at::manual_seed(static_cast<uint64_t>(c.run.seed));
   const std::shared_ptr<models::DiffusionModel> model = build_model(c.model);
-  auto dataset = build_dataset(c);
-  const RunConditioning conditioning = run_conditioning(c, dataset);
-  // The trainer's source at one rank (batches do not depend on the worker count).
-  const auto loader = make_batch_source(c, dataset, 0, 1, c10::Device(c10::kCPU), {});
-  data::Batch batch = loader->next();
-  const int64_t micro = batch.images.size(0) / c.train.grad_accum;
-  at::Tensor x0 = batch.images.narrow(0, 0, micro);
-  const models::TimestepSampler ts = timestep_sampler(c);
-  models::FlowMatchingDraw draw = draw_step_inputs(c, ts, model->conditioning_dropout(), x0,
-                                                   conditioning.of_batch(batch).rows(0, micro),
-                                                   /*step=*/0, /*first_row=*/0);
+  const FirstMicroBatch first = first_micro_batch(c, *model);
+  const at::Tensor& x0 = first.x0;
+  const models::FlowMatchingDraw& draw = first.draw;
   models::VelocityFn velocity = [&](const at::Tensor& x, const at::Tensor& t, const models::Conditioning& cond) {
     return model->forward(x, t, cond);
   };

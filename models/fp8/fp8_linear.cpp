@@ -1,0 +1,150 @@
+#include "models/fp8/fp8_linear.h"
+
+#include "models/fp8/scaled_gemm.h"
+
+#include <ATen/autocast_mode.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <algorithm>
+#include <stdexcept>
+
+namespace flowtrain::models::fp8 {
+
+namespace {
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+enum Operand : int64_t { kInput = 0, kWeight = 1, kGradOutput = 2 };
+
+void record_amax(const at::Tensor& pending, Operand which, const at::Tensor& x) {
+  if (!pending.defined()) return;
+  at::Tensor slot = pending.select(0, which);
+  slot.copy_(at::maximum(slot, abs_max(x).to(pending.device())));
+}
+
+// The delayed-scaling inputs of one call, passed as one non-tensor argument: undefined tensors
+// cannot be autograd inputs, and none of these needs a gradient. Undefined scale = dynamic.
+struct ScaleArgs {
+  at::Tensor x_scale, w_scale, dy_scale;
+  at::Tensor pending;  // delayed: the [3] amax slots this call records into
+};
+
+// x·Wᵀ through the recipe's GEMMs (the bias is added outside, by autograd). Saved for backward:
+// x and W in their own precision (each backward GEMM re-quantises its operands along its own
+// contracted axis) and the tensor-scaling scales of x and W (tensorwise/delayed backward reuse
+// the forward's).
+struct Fp8LinearFunction : public torch::autograd::Function<Fp8LinearFunction> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight, int64_t recipe,
+                            bool emulate, int64_t out_dtype, ScaleArgs scales) {
+    // The emulation's matmuls run in fp32 whatever the surrounding autocast says.
+    c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
+    const RecipePlan p = plan(static_cast<Recipe>(recipe));
+    const at::Tensor x2 = x.reshape({-1, x.size(-1)});
+    record_amax(scales.pending, kInput, x2);
+    record_amax(scales.pending, kWeight, weight);
+    if (p.output.a.scaling == Scaling::tensor && !scales.x_scale.defined())
+      scales.x_scale = tensor_scale(abs_max(x2), p.output.a.format);
+    if (p.output.b.scaling == Scaling::tensor && !scales.w_scale.defined())
+      scales.w_scale = tensor_scale(abs_max(weight), p.output.b.format);
+
+    const at::Tensor y = scaled_gemm({x2, p.output.a, scales.x_scale}, {weight, p.output.b, scales.w_scale},
+                                     p.output.fast_accum, emulate, static_cast<at::ScalarType>(out_dtype));
+    ctx->save_for_backward({x, weight});
+    ctx->saved_data["recipe"] = recipe;
+    ctx->saved_data["emulate"] = emulate;
+    ctx->saved_data["x_scale"] = scales.x_scale;
+    ctx->saved_data["w_scale"] = scales.w_scale;
+    ctx->saved_data["dy_scale"] = scales.dy_scale;
+    ctx->saved_data["pending"] = scales.pending;
+    std::vector<int64_t> shape = x.sizes().vec();
+    shape.back() = weight.size(0);
+    return y.view(shape);
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor& x = saved[0];
+    const at::Tensor& weight = saved[1];
+    const RecipePlan p = plan(static_cast<Recipe>(ctx->saved_data["recipe"].toInt()));
+    const bool emulate = ctx->saved_data["emulate"].toBool();
+    auto tensor_or_none = [&](const char* key) {
+      const auto& v = ctx->saved_data[key];
+      return v.isTensor() ? v.toTensor() : at::Tensor();
+    };
+    const at::Tensor x_scale = tensor_or_none("x_scale"), w_scale = tensor_or_none("w_scale");
+    at::Tensor dy_scale = tensor_or_none("dy_scale");
+
+    const at::Tensor dy = grads[0].reshape({-1, weight.size(0)});
+    const at::Tensor x2 = x.reshape({-1, x.size(-1)});
+    record_amax(tensor_or_none("pending"), kGradOutput, dy);
+    // One ∂y scale for both backward GEMMs (tensor scaling), as torchao and TE do.
+    if (p.grad_input.a.scaling == Scaling::tensor && p.grad_input.a.fp8 && !dy_scale.defined())
+      dy_scale = tensor_scale(abs_max(dy), p.grad_input.a.format);
+
+    at::Tensor grad_x, grad_w;
+    if (ctx->needs_input_grad(0))
+      grad_x = scaled_gemm({dy, p.grad_input.a, dy_scale}, {weight.t(), p.grad_input.b, w_scale}, false, emulate,
+                           x.scalar_type())
+                   .view(x.sizes());
+    if (ctx->needs_input_grad(1))
+      grad_w = scaled_gemm({dy.t(), p.grad_weight.a, dy_scale}, {x2.t(), p.grad_weight.b, x_scale}, false, emulate,
+                           weight.scalar_type());
+    return {grad_x, grad_w, {}, {}, {}, {}};
+  }
+};
+
+// The dtype at::linear would return for x: the autocast dtype inside an autocast region.
+at::ScalarType output_dtype(const at::Tensor& x) {
+  const auto device = x.device().type();
+  return at::autocast::is_autocast_enabled(device) ? at::autocast::get_autocast_dtype(device) : x.scalar_type();
+}
+}  // namespace
+
+Fp8Linear::Fp8Linear(Recipe recipe, bool emulate, DelayedOptions delayed)
+    : recipe_(recipe), emulate_(emulate), delayed_(std::move(delayed)) {
+  if (recipe_ == Recipe::none) throw std::invalid_argument("Fp8Linear: recipe none is the plain linear");
+  if (delayed_.history_len < 1) throw std::invalid_argument("Fp8Linear: amax history length must be ≥ 1");
+  if (delayed_.reduce != "max" && delayed_.reduce != "most_recent")
+    throw std::invalid_argument("Fp8Linear: amax reduce must be max or most_recent, got '" + delayed_.reduce + "'");
+}
+
+std::string Fp8Linear::describe() const {
+  return std::string("fp8 ") + name(recipe_) + (emulate_ ? " (emulated)" : "");
+}
+
+std::array<at::Tensor, 3> Fp8Linear::delayed_scales(const c10::Device& device) {
+  if (!pending_.defined() || pending_.device() != device) {
+    pending_ = at::zeros({3}, at::TensorOptions().dtype(at::kFloat).device(device));
+    history_ = at::zeros({delayed_.history_len, 3}, pending_.options());
+  }
+  if (commits_ == 0) return {};
+  const int64_t filled = std::min<int64_t>(commits_, delayed_.history_len);
+  const at::Tensor amaxes = delayed_.reduce == "max" ? std::get<0>(history_.narrow(0, 0, filled).max(0)) : history_[0];
+  const RecipePlan p = plan(recipe_);
+  return {tensor_scale(amaxes[kInput], p.output.a.format), tensor_scale(amaxes[kWeight], p.output.b.format),
+          tensor_scale(amaxes[kGradOutput], p.grad_input.a.format)};
+}
+
+void Fp8Linear::commit_amax(const at::Tensor& reduced) {
+  if (!pending_.defined()) return;  // never called: nothing seen
+  at::NoGradGuard no_grad;
+  history_.copy_(at::cat({reduced.to(history_.device()).view({1, 3}), history_.narrow(0, 0, delayed_.history_len - 1)}));
+  pending_.zero_();
+  ++commits_;
+}
+
+at::Tensor Fp8Linear::linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
+  ScaleArgs scales;
+  if (recipe_ == Recipe::delayed) {
+    const auto s = delayed_scales(x.device());
+    scales = {s[0], s[1], s[2], pending_};
+  }
+  const at::ScalarType dtype = output_dtype(x);
+  const at::Tensor y =
+      Fp8LinearFunction::apply(x, weight, static_cast<int64_t>(recipe_), emulate_, static_cast<int64_t>(dtype), scales);
+  return bias.defined() ? y + bias.to(dtype) : y;
+}
+
+}  // namespace flowtrain::models::fp8

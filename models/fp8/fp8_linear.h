@@ -1,0 +1,52 @@
+// The fp8 compute backend of a Linear (models/linear.h): y = x·Wᵀ + b with the three GEMMs of
+// forward and backward cast as the recipe says (recipe.h), the fp32 master weight untouched.
+//
+// Scales: dynamic recipes derive them from the tensor at hand, so an activation-checkpointing
+// recompute (same inputs) re-derives exactly the forward's scales. `delayed` takes them from an
+// amax history that only changes in commit_amax() — once per optimizer step, after the amaxes
+// were reduced over the ranks — so the recompute sees the forward's scales there too.
+#pragma once
+
+#include "models/fp8/recipe.h"
+#include "models/linear.h"
+
+#include <ATen/ATen.h>
+
+#include <array>
+#include <string>
+
+namespace flowtrain::models::fp8 {
+
+struct DelayedOptions {
+  int64_t history_len = 16;  // steps of amax kept per operand
+  std::string reduce = "max";  // max | most_recent: how the history becomes the amax of a scale
+};
+
+class Fp8Linear : public LinearCompute {
+ public:
+  Fp8Linear(Recipe recipe, bool emulate, DelayedOptions delayed = {});
+  at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) override;
+  std::string describe() const override;
+  Recipe recipe() const { return recipe_; }
+  bool emulated() const { return emulate_; }
+
+  // Delayed scaling. The amaxes of (input, weight, grad_output) seen since the last commit, [3]
+  // fp32 (zeros before the first call); commit_amax appends `reduced` (the same, after a
+  // cross-rank max) to the history and clears them.
+  at::Tensor pending_amax() const { return pending_; }
+  void commit_amax(const at::Tensor& reduced);
+  at::Tensor amax_history() const { return history_; }  // [history_len, 3], newest first
+
+ private:
+  // The (input, weight, grad_output) scales for this call: from the history once it has an
+  // entry, before that undefined (= dynamic, from the current amax).
+  std::array<at::Tensor, 3> delayed_scales(const c10::Device& device);
+
+  Recipe recipe_;
+  bool emulate_;
+  DelayedOptions delayed_;
+  at::Tensor history_, pending_;
+  int64_t commits_ = 0;
+};
+
+}  // namespace flowtrain::models::fp8

@@ -1,0 +1,62 @@
+#include "models/fp8/scaled_gemm.h"
+
+#include <stdexcept>
+
+namespace flowtrain::models::fp8 {
+
+namespace {
+// cuBLASLt's fp8 GEMM needs the contracted dim to be a multiple of 16; MX blocks span 32.
+constexpr int64_t kHardwareK = 16;
+
+at::Tensor pad_contracted(const at::Tensor& x, int64_t multiple) {
+  const int64_t k = x.size(1), padded = (k + multiple - 1) / multiple * multiple;
+  return padded == k ? x : at::constant_pad_nd(x, {0, padded - k});
+}
+
+// What a bf16 GEMM sees of an operand kept in high precision: its bf16 rounding.
+at::Tensor bf16_rounded(const at::Tensor& x) { return x.to(at::kBFloat16).to(at::kFloat); }
+}  // namespace
+
+Quantized quantize(const at::Tensor& value, const OperandCast& cast, const at::Tensor& scale) {
+  if (!cast.fp8) throw std::invalid_argument("fp8::quantize: the operand is kept in bf16");
+  switch (cast.scaling) {
+    case Scaling::tensor:
+      return quantize_tensor(value, cast.format, scale.defined() ? scale : tensor_scale(abs_max(value), cast.format));
+    case Scaling::row: return quantize_rows(value, cast.format);
+    case Scaling::block32: return quantize_blocks(value);
+  }
+  throw std::invalid_argument("fp8::quantize: unknown scaling");
+}
+
+bool runs_in_hardware(const OperandCast& a, const OperandCast& b, const c10::Device& device, bool emulate) {
+  return !emulate && device.is_cuda() && a.fp8 && b.fp8 && a.scaling != Scaling::block32 &&
+         b.scaling != Scaling::block32 && a.scaling == b.scaling;
+}
+
+at::Tensor scaled_gemm(const GemmOperand& a, const GemmOperand& b, bool fast_accum, bool emulate,
+                       at::ScalarType out_dtype) {
+  const bool blocks = (a.cast.fp8 && a.cast.scaling == Scaling::block32) || (b.cast.fp8 && b.cast.scaling == Scaling::block32);
+  const bool hardware = runs_in_hardware(a.cast, b.cast, a.value.device(), emulate);
+  const int64_t multiple = blocks ? kMxBlock : hardware ? kHardwareK : 1;
+  const at::Tensor av = pad_contracted(a.value, multiple), bv = pad_contracted(b.value, multiple);
+
+  if (hardware) {
+    const Quantized qa = quantize(av, a.cast, a.scale), qb = quantize(bv, b.cast, b.scale);
+    // Row scaling: scale_a [M, 1], scale_b [1, N], bf16 output only; tensor scaling: 0-dim scales.
+    const bool rows = a.cast.scaling == Scaling::row;
+    const at::ScalarType mm_dtype = rows || out_dtype == at::kBFloat16 ? at::kBFloat16 : at::kFloat;
+    const at::Tensor scale_b = rows ? qb.inv_scale.t().contiguous() : qb.inv_scale;
+    // a row-major [M, K]; b column-major [K, N], i.e. the transpose of a contiguous [N, K].
+    return at::_scaled_mm(qa.data.contiguous(), qb.data.contiguous().t(), qa.inv_scale, scale_b,
+                          /*bias=*/std::nullopt, /*scale_result=*/std::nullopt, mm_dtype, fast_accum)
+        .to(out_dtype);
+  }
+  if (!a.cast.fp8 && !b.cast.fp8 && a.value.is_cuda() && !emulate)  // a bf16 GEMM on the tensor cores
+    return at::matmul(av.to(at::kBFloat16), bv.to(at::kBFloat16).t()).to(out_dtype);
+
+  const at::Tensor ad = a.cast.fp8 ? quantize(av, a.cast, a.scale).dequantize() : bf16_rounded(av);
+  const at::Tensor bd = b.cast.fp8 ? quantize(bv, b.cast, b.scale).dequantize() : bf16_rounded(bv);
+  return at::matmul(ad, bd.t()).to(out_dtype);
+}
+
+}  // namespace flowtrain::models::fp8

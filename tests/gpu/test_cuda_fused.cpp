@@ -1,0 +1,355 @@
+// The fused CUDA kernels (models/kernels/cuda/cuda_fused.h) against their CPU references:
+// forward and backward of the differentiable ops against the float64 ATen composition, the fp8
+// casts bit for bit against models/kernels/fp8_cast_reference.h. fp32 and bf16, odd sizes (the
+// unvectorised paths), the vectorised sizes of DiT-XL / Flux, strided operands as the model
+// passes them (chunks of the adaLN output, q/k out of the qkv split), outputs allocated from
+// blocks filled with NaN bytes. Skipped without a GPU.
+#include "models/flux/rope.h"
+#include "models/kernels/cuda/cuda_fused.h"
+#include "models/kernels/fp8_cast_reference.h"
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <vector>
+
+namespace fused = flowtrain::models::cuda_fused;
+namespace ref = flowtrain::models::fp8_reference;
+
+#define REQUIRE_CUDA_DEVICE() \
+  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device on this machine (gpu tests run on the GPU machine)"
+
+#if !defined(FLOWTRAIN_HAVE_CUDA_KERNELS)
+
+TEST(CudaFused, NotBuilt) { GTEST_SKIP() << "built without FLOWTRAIN_CUDA: no fused CUDA kernels"; }
+
+#else
+
+namespace {
+
+// fp32: the kernels differ from float64 by fp32 summation order and rsqrtf (≤ 2 ulp): ~1e-6
+// relative. bf16: every output is rounded once to 8 significant bits (≤ 2^-9 relative an element),
+// RmsNorm's normalised value a second time, as the reference does.
+double tolerance(at::ScalarType dtype) { return dtype == at::kFloat ? 1e-5 : 1e-2; }
+
+std::string name(at::ScalarType dtype) { return dtype == at::kFloat ? "fp32" : "bf16"; }
+
+// Fills blocks of the CUDA caching allocator with 0xFF bytes (NaN in fp32, bf16 and both fp8
+// formats) and frees them: outputs of those sizes are then carved from the same blocks, so an
+// element a kernel forgets to write shows up as NaN or as a mismatch.
+void poison(std::initializer_list<int64_t> bytes) {
+  std::vector<at::Tensor> blocks;
+  for (const int64_t b : bytes) blocks.push_back(at::full({std::max<int64_t>(b, 1)}, 255, at::device(at::kCUDA).dtype(at::kByte)));
+}
+
+// Norm-wise relative error of a CUDA result against a float64 CPU reference; no NaN allowed.
+void expect_close(const at::Tensor& got, const at::Tensor& want, double tol, const std::string& what) {
+  ASSERT_TRUE(got.defined()) << what;
+  ASSERT_EQ(got.sizes(), want.sizes()) << what;
+  const at::Tensor g = got.detach().cpu().to(at::kDouble), w = want.detach().to(at::kDouble);
+  EXPECT_FALSE(at::isnan(g).any().item<bool>()) << what << ": NaN in the output";
+  const double err = ((g - w).norm() / w.norm().clamp_min(1e-300)).item<double>();
+  EXPECT_LT(err, tol) << what << ": relative error " << err;
+}
+
+bool bytes_equal(const at::Tensor& a, const at::Tensor& b) {
+  return a.sizes() == b.sizes() && at::equal(a.cpu().contiguous().view(at::kByte), b.cpu().contiguous().view(at::kByte));
+}
+
+// randn with 1% of the entries 50× larger, and the row `zero_row` all zeros.
+at::Tensor with_outliers(int64_t M, int64_t K, int64_t zero_row = -1) {
+  at::Tensor x = at::randn({M, K});
+  x = at::where(at::rand({M, K}) < 0.01, x * 50, x);
+  if (zero_row >= 0) x[zero_row].zero_();
+  return x;
+}
+
+// A contiguous CUDA copy of x whose data starts one element past a 16-byte boundary: the
+// unvectorised path.
+at::Tensor misaligned_cuda(const at::Tensor& x) {
+  at::Tensor buffer = at::empty({x.numel() + 1}, x.options().device(at::kCUDA));
+  at::Tensor view = buffer.narrow(0, 1, x.numel()).view(x.sizes());
+  view.copy_(x);
+  return view;
+}
+
+struct Tokens {
+  int64_t B, N, D;
+};
+// Odd widths (scalar path), a multiple of 8 (vector path), one token, DiT-XL and Flux widths.
+const std::vector<Tokens> kTokenShapes = {{3, 17, 37}, {3, 17, 40}, {2, 1, 1152}, {2, 9, 3072}};
+
+}  // namespace
+
+TEST(CudaFused, AdaLNModulateMatchesFloat64) {
+  REQUIRE_CUDA_DEVICE();
+  const double eps = 1e-6;
+  for (const at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
+    for (const auto& [B, N, D] : kTokenShapes) {
+      SCOPED_TRACE(name(dtype) + " B=" + std::to_string(B) + " N=" + std::to_string(N) + " D=" + std::to_string(D));
+      at::manual_seed(0);
+      // a non-zero mean exercises the two-pass variance; shift/scale are strided chunks of one
+      // [B, 3D] tensor, as DiT's adaLN linear produces them
+      const at::Tensor x = (at::randn({B, N, D}) * 2 + 0.5).to(dtype);
+      const at::Tensor mod = (at::randn({B, 3 * D}) * 0.5).to(dtype);
+      const at::Tensor g = at::randn({B, N, D}).to(dtype);
+
+      at::Tensor x64 = x.to(at::kDouble).requires_grad_(), mod64 = mod.to(at::kDouble).requires_grad_();
+      at::Tensor want = at::layer_norm(x64, {D}, {}, {}, eps) * (1 + mod64.narrow(1, D, D).unsqueeze(1)) +
+                        mod64.narrow(1, 0, D).unsqueeze(1);
+      want.backward(g.to(at::kDouble));
+
+      at::Tensor xc = x.cuda().requires_grad_(), modc = mod.cuda().requires_grad_();
+      const at::Tensor shift = modc.narrow(1, 0, D), scale = modc.narrow(1, D, D);
+      ASSERT_TRUE(fused::supports_adaln_modulate(xc, shift, scale));
+      poison({int64_t(x.nbytes()), B * N * 4, B * N * 4});
+      at::Tensor y = fused::adaln_modulate(xc, shift, scale, eps);
+      EXPECT_EQ(y.scalar_type(), dtype);
+      poison({int64_t(x.nbytes())});
+      y.backward(g.cuda());
+
+      const double tol = tolerance(dtype);
+      expect_close(y, want, tol, "y");
+      expect_close(xc.grad(), x64.grad(), tol, "dx");
+      expect_close(modc.grad().narrow(1, 0, D), mod64.grad().narrow(1, 0, D), tol, "dshift");
+      expect_close(modc.grad().narrow(1, D, D), mod64.grad().narrow(1, D, D), tol, "dscale");
+    }
+  }
+}
+
+TEST(CudaFused, GatedResidualMatchesFloat64) {
+  REQUIRE_CUDA_DEVICE();
+  for (const at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
+    for (const auto& [B, N, D] : kTokenShapes) {
+      SCOPED_TRACE(name(dtype) + " B=" + std::to_string(B) + " N=" + std::to_string(N) + " D=" + std::to_string(D));
+      at::manual_seed(1);
+      const at::Tensor x = at::randn({B, N, D}).to(dtype), y = at::randn({B, N, D}).to(dtype);
+      const at::Tensor mod = at::randn({B, 3 * D}).to(dtype), g = at::randn({B, N, D}).to(dtype);
+
+      at::Tensor x64 = x.to(at::kDouble).requires_grad_(), y64 = y.to(at::kDouble).requires_grad_();
+      at::Tensor mod64 = mod.to(at::kDouble).requires_grad_();
+      at::Tensor want = x64 + mod64.narrow(1, 2 * D, D).unsqueeze(1) * y64;
+      want.backward(g.to(at::kDouble));
+
+      at::Tensor xc = x.cuda().requires_grad_(), yc = y.cuda().requires_grad_(), modc = mod.cuda().requires_grad_();
+      const at::Tensor gate = modc.narrow(1, 2 * D, D);
+      ASSERT_TRUE(fused::supports_gated_residual(xc, gate, yc));
+      poison({int64_t(x.nbytes())});
+      at::Tensor out = fused::gated_residual(xc, gate, yc);
+      poison({int64_t(x.nbytes())});
+      out.backward(g.cuda());
+
+      const double tol = tolerance(dtype);
+      expect_close(out, want, tol, "out");
+      expect_close(xc.grad(), x64.grad(), tol, "dx");
+      expect_close(yc.grad(), y64.grad(), tol, "dy");
+      expect_close(modc.grad().narrow(1, 2 * D, D), mod64.grad().narrow(1, 2 * D, D), tol, "dgate");
+    }
+  }
+}
+
+namespace {
+// q/k as the attention gets them: [B, H, L, Dh], either contiguous or a strided view of a qkv
+// tensor [B, L, 3, H, Dh] (the key). `base` is the leaf that owns the memory.
+at::Tensor heads_view(const at::Tensor& base, bool strided) {
+  return strided ? base.select(2, 1).permute({0, 2, 1, 3}) : base;
+}
+at::Tensor heads_base(int64_t B, int64_t H, int64_t L, int64_t Dh, bool strided) {
+  return strided ? at::randn({B, L, 3, H, Dh}) : at::randn({B, H, L, Dh});
+}
+}  // namespace
+
+TEST(CudaFused, RopeMatchesFloat64) {
+  REQUIRE_CUDA_DEVICE();
+  const int64_t B = 2, H = 3, L = 5;
+  for (const at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
+    for (const int64_t Dh : {38, 128}) {
+      for (const bool strided : {false, true}) {
+        for (const int64_t angle_batch : {B, int64_t(1)}) {
+          SCOPED_TRACE(name(dtype) + " Dh=" + std::to_string(Dh) + (strided ? " strided" : "") +
+                       " angle batch " + std::to_string(angle_batch));
+          at::manual_seed(2);
+          const at::Tensor base = heads_base(B, H, L, Dh, strided).to(dtype);
+          const at::Tensor theta = at::rand({angle_batch, L, Dh / 2}) * 20 - 10;
+          const at::Tensor angles = at::stack({at::cos(theta), at::sin(theta)}, -1);  // fp32
+          const at::Tensor g = at::randn({B, H, L, Dh}).to(dtype);
+
+          at::Tensor base64 = base.to(at::kDouble).requires_grad_();
+          at::Tensor want = flowtrain::models::apply_rope(heads_view(base64, strided), angles);
+          want.backward(g.to(at::kDouble));
+
+          at::Tensor basec = base.cuda().requires_grad_();
+          const at::Tensor x = heads_view(basec, strided), anglesc = angles.cuda();
+          ASSERT_TRUE(fused::supports_rope(x, anglesc));
+          poison({int64_t(g.nbytes())});
+          at::Tensor out = fused::apply_rope(x, anglesc);
+          EXPECT_EQ(out.scalar_type(), dtype);
+          poison({int64_t(g.nbytes())});
+          out.backward(g.cuda());
+
+          expect_close(out, want, tolerance(dtype), "out");
+          expect_close(basec.grad(), base64.grad(), tolerance(dtype), "dx");
+        }
+      }
+    }
+  }
+}
+
+TEST(CudaFused, QkRmsNormMatchesFloat64) {
+  REQUIRE_CUDA_DEVICE();
+  const double eps = 1e-6;  // Flux's RmsNorm
+  const int64_t B = 2, H = 3, L = 5;
+  for (const at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
+    for (const int64_t Dh : {37, 128}) {
+      for (const int mode : {0, 1, 2}) {  // contiguous 4-D, strided 4-D, 2-D rows
+        SCOPED_TRACE(name(dtype) + " Dh=" + std::to_string(Dh) + " mode " + std::to_string(mode));
+        at::manual_seed(3);
+        const at::Tensor base = (mode == 2 ? at::randn({B * H * L, Dh}) : heads_base(B, H, L, Dh, mode == 1)).to(dtype);
+        const auto view = [&](const at::Tensor& t) { return mode == 2 ? t : heads_view(t, mode == 1); };
+        const at::Tensor w = 1 + 0.1 * at::randn({Dh});
+        const at::Tensor g = at::randn(view(base).sizes()).to(dtype);
+
+        at::Tensor base64 = base.to(at::kDouble).requires_grad_(), w64 = w.to(at::kDouble).requires_grad_();
+        const at::Tensor x64 = view(base64);
+        at::Tensor want = x64 * at::rsqrt(x64.pow(2).mean(-1, /*keepdim=*/true) + eps) * w64;
+        want.backward(g.to(at::kDouble));
+
+        at::Tensor basec = base.cuda().requires_grad_(), wc = w.cuda().requires_grad_();
+        const at::Tensor x = view(basec);
+        ASSERT_TRUE(fused::supports_qk_rmsnorm(x, wc));
+        poison({int64_t(g.nbytes()), int64_t(x.numel() / Dh * 4)});
+        at::Tensor out = fused::qk_rmsnorm(x, wc, eps);
+        EXPECT_EQ(out.scalar_type(), dtype);
+        poison({int64_t(g.nbytes())});
+        out.backward(g.cuda());
+
+        const double tol = tolerance(dtype);
+        expect_close(out, want, tol, "out");
+        expect_close(basec.grad(), base64.grad(), tol, "dx");
+        expect_close(wc.grad(), w64.grad(), tol, "dweight");
+      }
+    }
+  }
+}
+
+TEST(CudaFused, RmsNormRoundsLikeFluxInBf16) {
+  // The ATen formula of models/flux/flux.cpp on the same device: the kernel rounds the normalised
+  // value to bf16 before the weight as it does, so the two differ by at most one bf16 step.
+  REQUIRE_CUDA_DEVICE();
+  at::manual_seed(4);
+  const at::Tensor x = at::randn({2, 3, 5, 128}, at::device(at::kCUDA).dtype(at::kBFloat16));
+  const at::Tensor w = (1 + 0.1 * at::randn({128})).cuda();
+  const at::Tensor xf = x.to(at::kFloat);
+  const at::Tensor flux = ((xf * at::rsqrt(xf.pow(2).mean(-1, true) + 1e-6)).to(at::kBFloat16) * w).to(at::kBFloat16);
+  const at::Tensor out = fused::qk_rmsnorm(x, w);
+  // rrms may differ in its last fp32 bit (summation order), which can move the rounded value one
+  // bf16 step (≤ 2^-7 relative), and the product by w one more
+  const at::Tensor step = flux.to(at::kFloat).abs() * std::ldexp(1.0, -6);
+  EXPECT_TRUE(((out.to(at::kFloat) - flux.to(at::kFloat)).abs() <= step).all().item<bool>());
+}
+
+TEST(CudaFused, Fp8AmaxAndTensorwiseCastAreBitExact) {
+  REQUIRE_CUDA_DEVICE();
+  for (const at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
+    for (const int64_t numel : {int64_t(5 * 97), int64_t((1 << 20) + 3)}) {
+      for (const bool aligned : {true, false}) {
+        SCOPED_TRACE(name(dtype) + " numel " + std::to_string(numel) + (aligned ? "" : " misaligned"));
+        at::manual_seed(5);
+        const at::Tensor x = with_outliers(1, numel).view({numel}).to(dtype);
+        const at::Tensor xc = aligned ? x.cuda() : misaligned_cuda(x);
+        const at::Tensor amax = ref::amax(x);
+        poison({4});
+        EXPECT_EQ(fused::amax(xc).cpu().item<float>(), amax.item<float>());
+        for (const at::ScalarType fp8 : {at::kFloat8_e4m3fn, at::kFloat8_e5m2}) {
+          // twice the dynamic scale: the largest elements saturate
+          const at::Tensor scale = at::div(at::full({}, 2 * ref::max_finite(fp8)), amax);
+          at::Tensor history = at::full({4}, -1.0f, at::device(at::kCUDA));
+          poison({numel});
+          const at::Tensor y = fused::cast_to_fp8(xc, scale.cuda(), fp8, history[2]);
+          EXPECT_EQ(y.scalar_type(), fp8);
+          EXPECT_TRUE(bytes_equal(y, ref::cast_to_fp8(x, scale, fp8)));
+          EXPECT_FALSE(at::isnan(y.to(at::kFloat)).any().item<bool>());
+          EXPECT_EQ(history[2].item<float>(), amax.item<float>());  // the same pass's amax, in its slot
+          EXPECT_EQ(history[1].item<float>(), -1.0f);
+        }
+      }
+    }
+  }
+}
+
+TEST(CudaFused, Fp8RowwiseCastIsBitExact) {
+  REQUIRE_CUDA_DEVICE();
+  struct Case {
+    int64_t M, K;
+  };
+  // odd K (scalar path), a vectorised GEMM width, and rows longer than the register cache
+  // (re-read: 40000 bf16 / 5001 unaligned fp32 elements)
+  for (const at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
+    for (const Case c : {Case{7, 97}, Case{5, 3072}, Case{3, 40000}, Case{2, 5001}}) {
+      for (const at::ScalarType fp8 : {at::kFloat8_e4m3fn, at::kFloat8_e5m2}) {
+        SCOPED_TRACE(name(dtype) + " " + std::to_string(c.M) + "x" + std::to_string(c.K) +
+                     (fp8 == at::kFloat8_e4m3fn ? " e4m3" : " e5m2"));
+        at::manual_seed(6);
+        const at::Tensor x = (with_outliers(c.M, c.K, /*zero_row=*/1) *
+                              at::pow(10.0, at::arange(c.M, at::kFloat) - 2).unsqueeze(1)).to(dtype);
+        poison({c.M * c.K, c.M * 4});
+        const auto [y, inv] = fused::rowwise_cast_to_fp8(x.cuda(), fp8);
+        const auto [want_y, want_inv] = ref::rowwise_cast_to_fp8(x, fp8);
+        EXPECT_TRUE(bytes_equal(y, want_y));
+        EXPECT_TRUE(bytes_equal(inv, want_inv)) << inv.cpu() << want_inv;
+        EXPECT_EQ(inv[1].item<float>(), 1.0f);  // the zero row
+        EXPECT_FALSE(at::isnan(y.to(at::kFloat)).any().item<bool>());
+      }
+    }
+  }
+}
+
+TEST(CudaFused, Fp8MxBlockCastIsBitExact) {
+  REQUIRE_CUDA_DEVICE();
+  struct Case {
+    int64_t M, K;
+  };
+  for (const at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
+    for (const Case c : {Case{3, 96}, Case{4, 4096}}) {
+      for (const bool aligned : {true, false}) {
+        SCOPED_TRACE(name(dtype) + " " + std::to_string(c.M) + "x" + std::to_string(c.K) + (aligned ? "" : " misaligned"));
+        at::manual_seed(7);
+        at::Tensor x = with_outliers(c.M, c.K) * 3;
+        x[1].narrow(0, 32, 32).zero_();  // one all-zero block
+        x = x.to(dtype);
+        poison({c.M * c.K, c.M * c.K / 32});
+        const auto [y, e] = fused::mx_block_cast_to_fp8(aligned ? x.cuda() : misaligned_cuda(x));
+        const auto [want_y, want_e] = ref::mx_block_cast_to_fp8(x);
+        EXPECT_EQ(y.scalar_type(), at::kFloat8_e4m3fn);
+        EXPECT_TRUE(bytes_equal(y, want_y));
+        EXPECT_TRUE(bytes_equal(e, want_e));
+        EXPECT_EQ(e[1][1].item<int>(), 0);
+        EXPECT_FALSE(at::isnan(y.to(at::kFloat)).any().item<bool>());
+      }
+    }
+  }
+}
+
+TEST(CudaFused, SupportsOnlyWhatTheKernelsTake) {
+  // runs without a GPU: CPU tensors are never supported
+  const at::Tensor x = at::randn({2, 3, 8}), v = at::randn({2, 8});
+  EXPECT_FALSE(fused::supports_adaln_modulate(x, v, v));
+  EXPECT_FALSE(fused::supports_gated_residual(x, v, x));
+  EXPECT_FALSE(fused::supports_fp8_cast(x));
+  EXPECT_THROW(fused::adaln_modulate(x, v, v, 1e-6), c10::Error);
+  REQUIRE_CUDA_DEVICE();
+  const at::Tensor xc = x.cuda(), vc = v.cuda();
+  EXPECT_TRUE(fused::supports_adaln_modulate(xc, vc, vc));
+  EXPECT_FALSE(fused::supports_adaln_modulate(xc.to(at::kDouble), vc, vc));
+  EXPECT_FALSE(fused::supports_adaln_modulate(xc, vc.narrow(1, 0, 4), vc));
+  EXPECT_FALSE(fused::supports_adaln_modulate(at::randn({2, 3, 4100}, xc.options()), vc, vc));
+  EXPECT_FALSE(fused::supports_gated_residual(xc, vc, xc.to(at::kBFloat16)));
+  EXPECT_FALSE(fused::supports_rope(at::randn({1, 2, 3, 7}, xc.options()), at::randn({1, 3, 3, 2}, xc.options())));
+  EXPECT_FALSE(fused::supports_qk_rmsnorm(at::randn({2, 300}, xc.options()), at::randn({300}, xc.options())));
+  EXPECT_FALSE(fused::supports_mx_block_cast_to_fp8(at::randn({2, 40}, xc.options())));
+}
+
+#endif  // FLOWTRAIN_HAVE_CUDA_KERNELS

@@ -1,0 +1,24 @@
+#include "trainer/first_micro_batch.h"
+
+#include "trainer/builders.h"
+#include "trainer/data_source.h"
+#include "trainer/run_conditioning.h"
+#include "trainer/trainer.h"
+
+namespace flowtrain::trainer {
+
+FirstMicroBatch first_micro_batch(const Config& c, const models::DiffusionModel& model) {
+  auto dataset = build_dataset(c);
+  const RunConditioning conditioning = run_conditioning(c, dataset);
+  // The trainer's source at one rank (batches do not depend on the worker count).
+  const auto loader = make_batch_source(c, dataset, 0, 1, c10::Device(c10::kCPU), {});
+  data::Batch batch = loader->next();
+  const int64_t micro = batch.images.size(0) / c.train.grad_accum;
+  FirstMicroBatch out;
+  out.x0 = batch.images.narrow(0, 0, micro);
+  out.draw = draw_step_inputs(c, timestep_sampler(c), model.conditioning_dropout(), out.x0,
+                              conditioning.of_batch(batch).rows(0, micro), /*step=*/0, /*first_row=*/0);
+  return out;
+}
+
+}  // namespace flowtrain::trainer
