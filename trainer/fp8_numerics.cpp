@@ -91,6 +91,7 @@ LayerNumerics layer_numerics(const std::string& name, fp8::Recipe recipe, bool e
 
 struct PassResult {
   double loss = 0, grad_norm = 0;
+  std::vector<at::Tensor> grads;  // every parameter's gradient (undefined where none), fp32
 };
 PassResult forward_backward(models::DiffusionModel& model, const FirstMicroBatch& batch, const c10::Device& device) {
   model.zero_grad();
@@ -103,10 +104,24 @@ PassResult forward_backward(models::DiffusionModel& model, const FirstMicroBatch
   };
   at::Tensor loss = models::flow_matching_loss(velocity, batch.x0.to(device), draw).loss;
   loss.backward();
+  PassResult r;
+  r.loss = loss.item<double>();
   double sq = 0;
-  for (const auto& p : model.parameters())
+  for (const auto& p : model.parameters()) {
+    r.grads.push_back(p.grad().defined() ? p.grad().detach().clone() : at::Tensor());
     if (p.grad().defined()) sq += p.grad().to(at::kDouble).pow(2).sum().item<double>();
-  return {loss.item<double>(), std::sqrt(sq)};
+  }
+  r.grad_norm = std::sqrt(sq);
+  return r;
+}
+
+// cos∠(a, b) of the whole-model gradients: whether fp8 moves the step's direction or only its noise.
+double gradient_cosine(const PassResult& a, const PassResult& b) {
+  double dot = 0;
+  for (size_t i = 0; i < a.grads.size(); ++i)
+    if (a.grads[i].defined() && b.grads[i].defined())
+      dot += (a.grads[i].to(at::kDouble) * b.grads[i].to(at::kDouble)).sum().item<double>();
+  return a.grad_norm > 0 && b.grad_norm > 0 ? dot / (a.grad_norm * b.grad_norm) : std::nan("");
 }
 
 double rel_diff(double a, double ref) { return ref == 0 ? std::abs(a) : std::abs(a - ref) / std::abs(ref); }
@@ -152,6 +167,7 @@ NumericsReport fp8_numerics(const Config& config, models::DiffusionModel& model,
     r.grad_norm = pass.grad_norm;
     r.loss_rel_diff = rel_diff(pass.loss, fp32.loss);
     r.grad_norm_rel_diff = rel_diff(pass.grad_norm, fp32.grad_norm);
+    r.grad_cosine = gradient_cosine(pass, fp32);
     report.recipes.push_back(std::move(r));
   }
   for (const auto& [name, layer] : layers) layer->set_compute(nullptr);
@@ -180,7 +196,8 @@ std::string NumericsReport::to_json() const {
                               {"loss", number(r.loss)},
                               {"grad_norm", number(r.grad_norm)},
                               {"loss_rel_diff", number(r.loss_rel_diff)},
-                              {"grad_norm_rel_diff", number(r.grad_norm_rel_diff)}};
+                              {"grad_norm_rel_diff", number(r.grad_norm_rel_diff)},
+                              {"grad_cosine", number(r.grad_cosine)}};
   }
   return j.dump(1);
 }
@@ -194,8 +211,9 @@ std::string NumericsReport::to_table() const {
     for (const auto& l : r.layers)
       out += fmt::format("{:<32} {:>8.1f} {:>8.1f} {:>8.1f} {:>9.3g} {:>9.4f} {:>9.4f}\n", l.name, l.sqnr_out_db,
                          l.sqnr_grad_input_db, l.sqnr_grad_weight_db, l.amax, 100 * l.saturated, 100 * l.underflow);
-    out += fmt::format("whole model: loss {:.6f} (rel diff {:.2e}), grad norm {:.6f} (rel diff {:.2e})\n", r.loss,
-                       r.loss_rel_diff, r.grad_norm, r.grad_norm_rel_diff);
+    out += fmt::format("whole model: loss {:.6f} (rel diff {:.2e}), grad norm {:.6f} (rel diff {:.2e}), "
+                       "cos(grad, fp32 grad) {:.4f}\n",
+                       r.loss, r.loss_rel_diff, r.grad_norm, r.grad_norm_rel_diff, r.grad_cosine);
   }
   return out;
 }

@@ -33,6 +33,7 @@ struct RecipeNumerics {
   std::vector<LayerNumerics> layers;
   double loss = 0, grad_norm = 0;
   double loss_rel_diff = 0, grad_norm_rel_diff = 0;  // |fp8 − fp32| / |fp32|, whole model
+  double grad_cosine = 0;  // cos∠ between the whole model's fp8 and fp32 gradients
 };
 
 struct NumericsReport {
@@ -45,7 +46,7 @@ struct NumericsReport {
 };
 
 // `model` is on `device`, in train mode, with fp32 weights; its linears are left as they were
-// found (no backend). Recipes: names (models/fp8/recipe.h), "none" not allowed.
+// found (no backend). Holds one fp32 copy of every gradient per pass (for the cosine). Recipes: names (models/fp8/recipe.h), "none" not allowed.
 NumericsReport fp8_numerics(const Config& config, models::DiffusionModel& model, const FirstMicroBatch& batch,
                             const std::vector<std::string>& recipes, const c10::Device& device);
 

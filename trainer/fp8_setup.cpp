@@ -41,9 +41,11 @@ fp8::Fp8Options fp8_options(const Config& config, const c10::Device& device) {
   return o;
 }
 
-fp8::Fp8Conversion apply_fp8(torch::nn::Module& model, const Config& config, const c10::Device& device) {
-  const fp8::Fp8Options options = fp8_options(config, device);
+fp8::Fp8Conversion apply_fp8(models::DiffusionModel& model, const Config& config, const c10::Device& device) {
+  fp8::Fp8Options options = fp8_options(config, device);
   if (options.recipe == fp8::Recipe::none) return {};
+  if (options.include.empty())  // the default: every block unit (the text encoder and embedders are not blocks)
+    for (const std::string& block : model.units().blocks) options.include.push_back(block + ".*");
   fp8::Fp8Conversion conversion = fp8::convert_linears(model, options);
   if (conversion.converted.empty())
     throw ConfigError("'fp8.recipe' is " + config.fp8.recipe + " but no linear matched 'fp8.include' / 'fp8.exclude' / "

@@ -3,6 +3,7 @@
 #pragma once
 
 #include "models/fp8/convert.h"
+#include "models/model.h"
 #include "parallel/comm.h"
 #include "trainer/config/config.h"
 
@@ -19,9 +20,9 @@ namespace flowtrain::trainer {
 // fp8.emulate: true is a ConfigError naming the device.
 models::fp8::Fp8Options fp8_options(const Config& config, const c10::Device& device);
 
-// Converts `model`'s linears as fp8.* says (nothing for recipe none). A ConfigError when the
-// patterns chose no linear at all.
-models::fp8::Fp8Conversion apply_fp8(torch::nn::Module& model, const Config& config, const c10::Device& device);
+// Converts `model`'s linears as fp8.* says (nothing for recipe none); an empty fp8.include means
+// the model's transformer blocks (UnitPlan::blocks). A ConfigError when no linear was chosen.
+models::fp8::Fp8Conversion apply_fp8(models::DiffusionModel& model, const Config& config, const c10::Device& device);
 // What the run log says of it (empty for recipe none): the emulation note once, the summary.
 std::vector<std::string> fp8_log_lines(const models::fp8::Fp8Conversion& conversion, const Config& config,
                                        const c10::Device& device);

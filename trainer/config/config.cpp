@@ -326,7 +326,8 @@ std::vector<Section> build_schema() {
                   .add("emulate", &Fp8Config::emulate, any(),
                        "quantise, dequantise and multiply in fp32 (same numerics, no fp8 hardware); implied on the CPU")
                   .add("include", &Fp8Config::include, any(),
-                       "module-name globs of linears to convert ('*' crosses dots)")
+                       "module-name globs of linears to convert ('*' crosses dots); empty = the model's "
+                       "transformer blocks")
                   .add("exclude", &Fp8Config::exclude, any(), "module-name globs kept in high precision")
                   .add("min_dim", &Fp8Config::min_dim, at_least(1), "linears with fewer in or out features stay high precision")
                   .add("amax_history_len", &Fp8Config::amax_history_len, at_least(1), "delayed: steps of amax history")

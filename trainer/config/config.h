@@ -132,7 +132,7 @@ struct TrainConfig {
 struct Fp8Config {
   std::string recipe = "none";  // none | tensorwise | rowwise | rowwise_gw_hp | delayed | mxfp8
   bool emulate = false;         // quantise + dequantise + fp32 GEMM (implied on the CPU)
-  std::vector<std::string> include = {"blocks.*", "double_blocks.*", "single_blocks.*"};
+  std::vector<std::string> include;  // empty = every transformer block of the model (its block units)
   std::vector<std::string> exclude = {"*adaLN_modulation*", "*_mod.*", "*.modulation.*"};
   int64_t min_dim = 16;            // smaller linears stay in high precision
   int64_t amax_history_len = 16;   // delayed: steps of amax history
