@@ -7,7 +7,8 @@
 # From a bare machine, in ≤ 8 minutes: builds against that machine's own torch, runs the `gpu`
 # and `unit` tests, measures the fused CUDA kernels' bandwidth against a device copy
 # (flowtrain_kernel_bench), trains the default config in bf16 (and fp32), benchmarks DiT-B/2 and DiT-XL/2
-# on synthetic 32×32×4 latents (`flowtrain bench`: step time, MFU against the measured bf16
+# on synthetic 32×32×4 latents, bf16 against fp8 recipes at Flux width (3072) and DiT-XL/2
+# (`flowtrain bench`: step time, MFU against the measured bf16
 # matmul peak, peak memory), FSDP on NCCL at world 1 with a 3-step Kineto trace, and — while time
 # remains — flowtrain against PyTorch eager / torch.compile on DiT-B/2 bf16. One PASS/FAIL line per
 # check is printed last, with its figure. Everything it writes goes to $OUT (default
@@ -112,13 +113,13 @@ PY
   else record FAIL "train $name" "rc $rc, ${figure#* } (train-$name.log)"; fi
 }
 
-bench() {  # name steps extra-sets… -> flowtrain bench on synthetic latents, JSON in $OUT
+bench() {  # name steps extra-sets… -> flowtrain bench on synthetic latents, JSON in $OUT ($BENCH_CONFIG: another config)
   local name=$1 steps=$2; shift 2
   if ! in_budget; then record SKIP "bench $name" "time budget"; return; fi
   local sets=()
   for s in "$@"; do sets+=(--set "$s"); done
-  ./build-gpu/flowtrain bench -c configs/bench/dit_s2_latent.yaml --synthetic --steps "$steps" --warmup 3 \
-    --set run.device=cuda --json "$OUT/bench-$name.json" "${sets[@]}" > "$OUT/bench-$name.log" 2>&1
+  ./build-gpu/flowtrain bench -c "${BENCH_CONFIG:-configs/bench/dit_s2_latent.yaml}" --synthetic --steps "$steps" \
+    --warmup 3 --set run.device=cuda --json "$OUT/bench-$name.json" "${sets[@]}" > "$OUT/bench-$name.log" 2>&1
   local rc=$? figure
   figure=$(python3 - "$OUT/bench-$name.json" <<'PY'
 import json, sys
@@ -138,6 +139,14 @@ train default_bf16 configs/fashion_dit.yaml 300 train.precision=bf16
 train default_fp32_tf32 configs/fashion_dit.yaml 300 train.precision=fp32
 bench dit_b2_bf16 20 model.size=B model.hidden=0 model.depth=0 model.heads=0 data.batch_size=256 train.precision=bf16
 bench dit_xl2_bf16 20 model.size=XL model.hidden=0 model.depth=0 model.heads=0 data.batch_size=256 train.precision=bf16
+# fp8 (docs/fp8.md): step time of each hardware recipe against bf16 at Flux width (target ≥ 1.3×)
+# and at DiT-XL/2; the log's "fp8 … linears converted" line says what ran in fp8.
+BENCH_CONFIG=configs/bench/flux_width_latent.yaml bench flux_width_bf16 15
+for recipe in tensorwise rowwise delayed; do
+  BENCH_CONFIG=configs/bench/flux_width_latent.yaml bench flux_width_fp8_$recipe 15 fp8.recipe=$recipe
+done
+bench dit_xl2_fp8_tensorwise 20 model.size=XL model.hidden=0 model.depth=0 model.heads=0 data.batch_size=256 \
+  train.precision=bf16 fp8.recipe=tensorwise
 
 # What a checkpoint save costs at DiT-XL/2 (docs/checkpoints.md): the run twice, saving every 3
 # steps synchronously then asynchronously (CUDA staging on a side stream). ~11 GB per checkpoint.
