@@ -305,6 +305,9 @@ TEST(CudaFused, Fp8RowwiseCastIsBitExact) {
       }
     }
   }
+  poison({64});
+  const auto [empty, empty_inv] = fused::rowwise_cast_to_fp8(at::empty({3, 0}, at::device(at::kCUDA)), at::kFloat8_e4m3fn);
+  EXPECT_TRUE(at::equal(empty_inv.cpu(), at::ones({3, 1})));  // K = 0: scale 1, not leftovers
 }
 
 TEST(CudaFused, Fp8MxBlockCastIsBitExact) {
@@ -347,8 +350,19 @@ TEST(CudaFused, SupportsOnlyWhatTheKernelsTake) {
   EXPECT_FALSE(fused::supports_adaln_modulate(xc, vc.narrow(1, 0, 4), vc));
   EXPECT_FALSE(fused::supports_adaln_modulate(at::randn({2, 3, 4100}, xc.options()), vc, vc));
   EXPECT_FALSE(fused::supports_gated_residual(xc, vc, xc.to(at::kBFloat16)));
+  // per-sample vectors of a dtype that promotes x's: the ATen composition's result would be fp32
+  const at::Tensor xb = xc.to(at::kBFloat16), vb = vc.to(at::kBFloat16);
+  EXPECT_FALSE(fused::supports_adaln_modulate(xb, vc, vc));
+  EXPECT_FALSE(fused::supports_gated_residual(xb, vc, xb));
+  EXPECT_FALSE(fused::supports_gated_residual(xc.to(at::kHalf), vb, xc.to(at::kHalf)));
+  EXPECT_TRUE(fused::supports_adaln_modulate(xc, vb, vb));  // an exact upcast
+  EXPECT_TRUE(fused::supports_gated_residual(xc, vb, xc));
   EXPECT_FALSE(fused::supports_rope(at::randn({1, 2, 3, 7}, xc.options()), at::randn({1, 3, 3, 2}, xc.options())));
   EXPECT_FALSE(fused::supports_qk_rmsnorm(at::randn({2, 300}, xc.options()), at::randn({300}, xc.options())));
+  // Dh = 1 with a last-dim stride ≠ 1 counts as contiguous: supported, so it must not throw
+  const at::Tensor odd = at::empty_strided({4, 1}, {1, 5}, xc.options()).normal_();
+  ASSERT_TRUE(fused::supports_qk_rmsnorm(odd, at::ones({1}, xc.options())));
+  EXPECT_NO_THROW(fused::qk_rmsnorm(odd, at::ones({1}, xc.options())));
   EXPECT_FALSE(fused::supports_mx_block_cast_to_fp8(at::randn({2, 40}, xc.options())));
 }
 

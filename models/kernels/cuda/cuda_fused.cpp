@@ -29,9 +29,19 @@ bool kernel_operand(const at::Tensor& t, const at::Tensor& x) {
 bool cast_operand(const at::Tensor& t, const at::Tensor& x) {
   return t.defined() && t.is_cuda() && t.device() == x.device() && at::isFloatingType(t.scalar_type());
 }
+// v's dtype promotes with x's to x's (the ATen composition's result dtype), so casting v to x's
+// dtype loses nothing and the output keeps the composition's dtype: fp32 x takes bf16/fp16 v
+// (exact upcast); bf16 x with fp32 v (the composition returns fp32, and v and its gradient would
+// be rounded to bf16) or fp16 x with bf16 v (the composition promotes to fp32; the cast could
+// overflow fp16) are left to ATen.
+bool promotes_to_x(const at::Tensor& v, const at::Tensor& x) {
+  const at::ScalarType s = v.scalar_type(), xs = x.scalar_type();
+  return s == xs || (xs == at::kFloat && (s == at::kBFloat16 || s == at::kHalf));
+}
 // [B, D] per-sample rows of x [B, N, D].
 bool per_sample(const at::Tensor& v, const at::Tensor& x) {
-  return cast_operand(v, x) && v.dim() == 2 && v.size(0) == x.size(0) && v.size(1) == x.size(2);
+  return cast_operand(v, x) && promotes_to_x(v, x) && v.dim() == 2 && v.size(0) == x.size(0) &&
+         v.size(1) == x.size(2);
 }
 
 // The per-sample vector in x's dtype with unit inner stride (the kernels take a row stride).
@@ -178,7 +188,9 @@ at::Tensor qk_rmsnorm(const at::Tensor& x, const at::Tensor& weight, double eps)
   // is viewed (or copied) as [1, 1, rows, Dh].
   if (x.dim() == 4 && x.stride(3) == 1) return QkRmsNormFn::apply(x, w, eps);
   const at::Tensor rows = x.reshape({1, 1, -1, x.size(-1)});
-  const at::Tensor r = rows.stride(3) == 1 ? rows : rows.contiguous();
+  // clone, not contiguous(): with Dh = 1 a tensor may count as contiguous (size-1 dims' strides
+  // are ignored) and keep stride(3) ≠ 1, which the launchers reject.
+  const at::Tensor r = rows.stride(3) == 1 ? rows : rows.clone(at::MemoryFormat::Contiguous);
   return QkRmsNormFn::apply(r, w, eps).view(x.sizes());
 }
 

@@ -23,14 +23,15 @@ namespace flowtrain::models::cuda_fused {
 
 #if defined(FLOWTRAIN_HAVE_CUDA_KERNELS)
 
-// x [B, N, D], shift, scale [B, D] (any floating dtype: cast to x's, a differentiable cast);
+// x [B, N, D], shift, scale [B, D] of x's dtype, or bf16/fp16 when x is fp32 (cast to x's, a
+// differentiable cast; a dtype that would promote x's, e.g. fp32 with bf16 x, is rejected);
 // D ≤ 4096 (the row lives in registers), B ≤ 65535.
 bool supports_adaln_modulate(const at::Tensor& x, const at::Tensor& shift, const at::Tensor& scale);
 // LayerNorm(x, no affine, eps)·(1 + scale) + shift, in x's dtype; saves x and per-token μ, σ⁻¹
 // (fp32). = at::layer_norm(x, {D}, {}, {}, eps) * (1 + scale.unsqueeze(1)) + shift.unsqueeze(1).
 at::Tensor adaln_modulate(const at::Tensor& x, const at::Tensor& shift, const at::Tensor& scale, double eps);
 
-// x, y [B, N, D] of one dtype, gate [B, D] (cast to x's dtype); B ≤ 65535.
+// x, y [B, N, D] of one dtype, gate [B, D] (cast to x's dtype; as adaln_modulate's shift); B ≤ 65535.
 bool supports_gated_residual(const at::Tensor& x, const at::Tensor& gate, const at::Tensor& y);
 // x + gate.unsqueeze(1)·y in x's dtype. ∂x is the incoming gradient itself.
 at::Tensor gated_residual(const at::Tensor& x, const at::Tensor& gate, const at::Tensor& y);

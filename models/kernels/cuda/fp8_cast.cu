@@ -219,8 +219,11 @@ void cast_to_fp8(const at::Tensor& x, const at::Tensor& scale, bool e4m3, const 
 }
 
 void rowwise_cast_to_fp8(const at::Tensor& x, bool e4m3, const at::Tensor& out, const at::Tensor& inv_scale) {
-  if (x.numel() == 0) return;
   const c10::cuda::CUDAGuard guard(x.device());
+  if (x.numel() == 0) {  // K = 0: M empty rows, scale 1 (not the allocator's leftovers)
+    inv_scale.fill_(1);
+    return;
+  }
   const int64_t M = x.size(0), K = x.size(1);
   const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   auto* out_ptr = static_cast<uint8_t*>(out.data_ptr());
