@@ -304,6 +304,13 @@ class C10dRuntime : public Runtime {
     try {
       pg = c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, static_cast<int>(my_index),
                                                        static_cast<int>(ranks.size()), opts);
+      // One barrier now, on the constructing thread. torch 2.11's flight recorder (one per
+      // process for every Gloo group) adds a group to a std::map on that group's first collective
+      // without holding its lock, while every other collective reads the map: the checkpoint
+      // group's first all-reduce, from the saver's thread, could rebalance the map under a
+      // training collective's lookup (a segfault; seen with in-process ranks). After this,
+      // collectives only read it.
+      pg->barrier()->wait();
     } catch (const std::exception& e) {
       throw CommError(fmt::format("creating process group {} failed: {}", name, first_line(e.what())));
     }

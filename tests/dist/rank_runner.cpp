@@ -114,6 +114,12 @@ std::string tiny_train_args(const std::string& out_dir, const std::vector<std::s
 
 std::vector<std::string> run_thread_ranks(int world, parallel::MeshShape mesh,
                                           const std::function<void(int rank, parallel::Runtime& runtime)>& body) {
+  // The ranks here are threads of one process and share torch's process-wide flight recorder,
+  // whose first record of each group writes a std::map outside its lock (torch 2.11): ranks
+  // creating their groups at the same moment race on it (a rare segfault). Real ranks are
+  // processes, each creating its groups on one thread (parallel/comm_c10d.cpp), so the harness
+  // alone turns it off, before this process makes its first group.
+  setenv("TORCH_FR_BUFFER_SIZE", "0", 1);
   const int port = free_port();
   std::vector<std::string> errors(world);
   auto rank_main = [&](int rank) {
