@@ -377,6 +377,15 @@ void Trainer::restore(const std::string& dir) {
       gen.set_state(state);
     }
   }
+  try {
+    const int64_t restored = models::fp8::restore_amax_histories(fp8_, c.fp8);
+    if (restored > 0)
+      spdlog::info("fp8 delayed scaling: amax histories of {} linears restored", restored);
+    else if (config_.fp8.recipe == "delayed")
+      spdlog::info("fp8 delayed scaling: {} holds no amax histories; scales start from each tensor's own amax", dir);
+  } catch (const std::invalid_argument& e) {
+    throw CheckpointError(fmt::format("{}/fp8.safetensors: {}", dir, e.what()));
+  }
   progress_ = c.progress;
   last_checkpoint_step_ = progress_.step;
   spdlog::info("resumed from {} at step {} (epoch {}, position {})", dir, progress_.step, progress_.loader.epoch,
@@ -550,7 +559,6 @@ Trainer::StepResult Trainer::train_step() {
     r.loss += loss.detach() / accum;
   }
   ProfileRange range("optimizer");
-  commit_fp8_amax(fp8_, runtime_ ? &runtime_->world_group() : nullptr);  // delayed scaling only
   // A stop is voted with the step's reduction, so every rank stops at the same step: on a signal,
   // or on a failed save under checkpoint.on_error: stop (ranks may see that at different steps).
   const bool stop_requested = stop_signal() != 0 || !checkpoint_error_.empty();
@@ -588,6 +596,7 @@ Trainer::StepResult Trainer::train_step() {
     // The batch is consumed and the step counted, but the weights, AdamW and the EMA stay as
     // they were: the skipped update never happened.
     state_->discard_gradients();
+    models::fp8::discard_pending_amaxes(fp8_);
     progress_.step += 1;
     progress_.samples_seen += config_.data.batch_size;
     progress_.loader = batch.state_after;
@@ -597,6 +606,9 @@ Trainer::StepResult Trainer::train_step() {
 
   progress_.lr = schedule_.lr_at(progress_.step);
   saver_->before_state_update();  // CUDA: a save's staging copies finish before the update overwrites them
+  // Delayed scaling's amaxes join the histories here: after the staging wait (the histories are
+  // in a checkpoint too), and only for a step that is kept (all ranks reach the same verdict).
+  commit_fp8_amax(fp8_, runtime_ ? &runtime_->world_group() : nullptr);
   const bool telemetry = telemetry_.due(step);
   if (telemetry) telemetry_.before_update(*state_);
   state_->optimizer_step(progress_.lr);
@@ -653,6 +665,7 @@ void Trainer::write_checkpoint() {
   CheckpointContents c;
   state_->fill_checkpoint(c);
   c.rng.emplace_back("cpu", at::detail::getDefaultCPUGenerator().get_state());
+  c.fp8 = models::fp8::amax_history_state(fp8_);
   c.progress = progress_;
   c.progress.skipped_updates = health_->skipped_updates();
   if (config_.data.source == "shards") c.progress.shards = merged_shard_state();

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <map>
 #include <regex>
+#include <stdexcept>
 
 namespace flowtrain::models::fp8 {
 
@@ -78,6 +79,46 @@ void commit_amax_histories(const Fp8Conversion& conversion, const std::function<
   at::Tensor all = at::stack(pending);  // [layers, 3]
   if (reduce_max) reduce_max(all);
   for (size_t i = 0; i < delayed.size(); ++i) delayed[i]->commit_amax(all[static_cast<int64_t>(i)]);
+}
+
+void discard_pending_amaxes(const Fp8Conversion& conversion) {
+  for (const auto& layer : conversion.layers)
+    if (layer->recipe() == Recipe::delayed && layer->pending_amax().defined()) layer->pending_amax().zero_();
+}
+
+NamedTensors amax_history_state(const Fp8Conversion& conversion) {
+  NamedTensors state;
+  for (size_t i = 0; i < conversion.layers.size(); ++i) {
+    const Fp8Linear& layer = *conversion.layers[i];
+    if (layer.recipe() != Recipe::delayed || layer.amax_commits() == 0) continue;
+    const std::string& name = conversion.converted[i];
+    state.emplace_back(name + ".amax_history", layer.amax_history().detach());
+    state.emplace_back(name + ".amax_commits", at::scalar_tensor(layer.amax_commits(), at::kLong));
+  }
+  return state;
+}
+
+int64_t restore_amax_histories(const Fp8Conversion& conversion, const NamedTensors& state) {
+  std::map<std::string, at::Tensor> by_name(state.begin(), state.end());
+  int64_t restored = 0;
+  for (size_t i = 0; i < conversion.layers.size(); ++i) {
+    Fp8Linear& layer = *conversion.layers[i];
+    const std::string& name = conversion.converted[i];
+    if (layer.recipe() != Recipe::delayed) continue;
+    layer.restore_amax_history(at::zeros({0, 3}), 0);  // afresh, unless the state names it
+    const auto history = by_name.find(name + ".amax_history");
+    const auto commits = by_name.find(name + ".amax_commits");
+    if (history == by_name.end()) continue;
+    if (commits == by_name.end() || commits->second.numel() != 1)
+      throw std::invalid_argument("fp8 state: " + name + ".amax_history without a scalar " + name + ".amax_commits");
+    try {
+      layer.restore_amax_history(history->second.to(at::kFloat), commits->second.item<int64_t>());
+    } catch (const std::invalid_argument& e) {
+      throw std::invalid_argument("fp8 state: " + name + ": " + e.what());
+    }
+    ++restored;
+  }
+  return restored;
 }
 
 }  // namespace flowtrain::models::fp8

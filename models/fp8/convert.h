@@ -44,4 +44,23 @@ Fp8Conversion convert_linears(torch::nn::Module& model, const Fp8Options& option
 // nothing on one process) and appended to the histories. A no-op for the other recipes.
 void commit_amax_histories(const Fp8Conversion& conversion, const std::function<void(at::Tensor&)>& reduce_max);
 
+// A step whose update is skipped (a non-finite loss or gradient) leaves no trace in the
+// histories either: its pending amaxes are dropped.
+void discard_pending_amaxes(const Fp8Conversion& conversion);
+
+// Delayed scaling's state, for a checkpoint: "<linear>.amax_history" ([history_len, 3] fp32,
+// newest first) and "<linear>.amax_commits" (int64 scalar) of every converted layer that has
+// committed a step — identical on every rank, since the amaxes were reduced over all of them.
+// Empty for the other recipes.
+using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
+NamedTensors amax_history_state(const Fp8Conversion& conversion);
+
+// Puts a saved state back into the layers of the same name and returns how many were restored.
+// Every delayed layer is reset first (a rollback leaves nothing of the abandoned steps); those
+// the state does not name (another fp8.include, a checkpoint of a run without delayed
+// scaling) start afresh, scaling dynamically until their first commit; state of layers this
+// model did not convert is ignored. Throws std::invalid_argument naming the entry that is
+// malformed.
+int64_t restore_amax_histories(const Fp8Conversion& conversion, const NamedTensors& state);
+
 }  // namespace flowtrain::models::fp8

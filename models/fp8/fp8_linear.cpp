@@ -117,7 +117,8 @@ std::string Fp8Linear::describe() const {
 std::array<at::Tensor, 3> Fp8Linear::delayed_scales(const c10::Device& device) {
   if (!pending_.defined() || pending_.device() != device) {
     pending_ = at::zeros({3}, at::TensorOptions().dtype(at::kFloat).device(device));
-    history_ = at::zeros({delayed_.history_len, 3}, pending_.options());
+    // A restored history (on the CPU until the first call) follows the layer to its device.
+    history_ = history_.defined() ? history_.to(device) : at::zeros({delayed_.history_len, 3}, pending_.options());
   }
   if (commits_ == 0) return {};
   const int64_t filled = std::min<int64_t>(commits_, delayed_.history_len);
@@ -133,6 +134,19 @@ void Fp8Linear::commit_amax(const at::Tensor& reduced) {
   history_.copy_(at::cat({reduced.to(history_.device()).view({1, 3}), history_.narrow(0, 0, delayed_.history_len - 1)}));
   pending_.zero_();
   ++commits_;
+}
+
+void Fp8Linear::restore_amax_history(const at::Tensor& history, int64_t commits) {
+  if (history.dim() != 2 || history.size(1) != 3 || commits < 0)
+    throw std::invalid_argument("Fp8Linear: an amax history is [rows, 3] with commits >= 0, got " +
+                                std::to_string(history.dim()) + " dims and " + std::to_string(commits) + " commits");
+  const c10::Device device = history_.defined() ? history_.device() : c10::Device(c10::kCPU);
+  at::Tensor restored = at::zeros({delayed_.history_len, 3}, at::TensorOptions().dtype(at::kFloat).device(device));
+  const int64_t rows = std::min({history.size(0), delayed_.history_len, commits});
+  restored.narrow(0, 0, rows).copy_(history.narrow(0, 0, rows));
+  history_ = restored;
+  if (pending_.defined()) pending_.zero_();
+  commits_ = rows == delayed_.history_len ? commits : rows;  // only rows that hold real amaxes count
 }
 
 at::Tensor Fp8Linear::linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {

@@ -36,6 +36,11 @@ class Fp8Linear : public LinearCompute {
   at::Tensor pending_amax() const { return pending_; }
   void commit_amax(const at::Tensor& reduced);
   at::Tensor amax_history() const { return history_; }  // [history_len, 3], newest first
+  int64_t amax_commits() const { return commits_; }      // steps committed so far
+  // Puts back a history that amax_history()/amax_commits() gave (a checkpoint), so a resumed run
+  // scales its first step as the uninterrupted run would. At another history length, the newest
+  // rows that fit. Throws std::invalid_argument for a tensor that is not [rows, 3].
+  void restore_amax_history(const at::Tensor& history, int64_t commits);
 
  private:
   // The (input, weight, grad_output) scales for this call: from the history once it has an

@@ -32,6 +32,26 @@ TEST(Fp8Cli, ADelayedScalingRunTrainsAndItsCheckpointResumesWithoutFp8) {
   EXPECT_NE(read_file(run + "/log.txt").find("step 35/35"), std::string::npos);
 }
 
+// Delayed scaling's state is the amax histories: a run resumed from step 10 must scale step 11
+// as the straight run does (without the histories it would scale dynamically and drift).
+TEST(Fp8Cli, ADelayedScalingRunResumesBitForBit) {
+  REQUIRE_DATA();
+  const std::vector<std::string> sets = {"fp8.recipe=delayed", "checkpoint.every=10", "train.steps=20"};
+  const std::string straight = scratch_dir("fp8_straight");
+  ASSERT_EQ(train_tiny(straight, sets).exit_code, 0);
+  const std::string resumed = scratch_dir("fp8_resumed");
+  ASSERT_EQ(train_tiny(resumed, {"fp8.recipe=delayed", "checkpoint.every=10", "train.steps=10"}).exit_code, 0);
+  auto r = train_tiny(resumed, sets);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("amax histories of 8 linears restored"), std::string::npos) << r.output;
+  for (const char* f : {"model.safetensors", "optimizer.safetensors", "fp8.safetensors"})
+    EXPECT_EQ(read_file(ckpt(straight, 20) + "/" + f), read_file(ckpt(resumed, 20) + "/" + f)) << f;
+  const auto a = read_metrics(straight), b = read_metrics(resumed);
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i)
+    for (const char* key : {"loss", "grad_norm"}) EXPECT_EQ(a[i][key], b[i][key]) << key << " at row " << i;
+}
+
 TEST(Fp8Cli, NumericsReportsEveryConvertedLayerOfACheckpoint) {
   REQUIRE_DATA();
   const std::string run = scratch_dir("fp8_numerics");

@@ -203,6 +203,59 @@ TEST(Fp8, DelayedScalingSaturatesWhenTheHistoryUnderestimates) {
   EXPECT_TRUE(at::isfinite(loud.grad_w).all().item<bool>());
 }
 
+TEST(Fp8, AmaxHistoriesRoundTripThroughTheirCheckpointStateAndSkippedStepsLeaveNoTrace) {
+  const at::Tensor w = at::randn({8, 32}), b = at::zeros({8}), dy = at::randn({4, 8});
+  auto make = [](int64_t len) { return std::make_shared<Fp8Linear>(Recipe::delayed, true, DelayedOptions{len, "max"}); };
+  Fp8Conversion trained;
+  trained.layers = {make(4)};
+  trained.converted = {"blocks.0.mlp.fc1"};
+  for (double gain : {1.0, 2.0, 3.0}) {  // three committed steps with growing inputs
+    run_linear(trained.layers[0].get(), at::randn({4, 32}) * gain, w, b, dy);
+    commit_amax_histories(trained, {});
+  }
+  const NamedTensors state = amax_history_state(trained);
+  ASSERT_EQ(state.size(), 2u);
+  EXPECT_EQ(state[0].first, "blocks.0.mlp.fc1.amax_history");
+  EXPECT_EQ(state[1].second.item<int64_t>(), 3);
+
+  // A fresh layer given the state scales its next call exactly as the trained one does.
+  Fp8Conversion resumed;
+  resumed.layers = {make(4)};
+  resumed.converted = trained.converted;
+  EXPECT_EQ(restore_amax_histories(resumed, state), 1);
+  const at::Tensor x = at::randn({4, 32}) * 2.5;
+  EXPECT_TRUE(at::equal(run_linear(resumed.layers[0].get(), x, w, b, dy).y,
+                        run_linear(trained.layers[0].get(), x, w, b, dy).y));
+
+  // A shorter history keeps the newest rows; a layer the state does not name starts afresh.
+  Fp8Conversion shorter;
+  shorter.layers = {make(2), make(2)};
+  shorter.converted = {"blocks.0.mlp.fc1", "blocks.0.mlp.fc2"};
+  EXPECT_EQ(restore_amax_histories(shorter, state), 1);
+  EXPECT_TRUE(at::equal(shorter.layers[0]->amax_history(), trained.layers[0]->amax_history().narrow(0, 0, 2)));
+  EXPECT_EQ(shorter.layers[0]->amax_commits(), 3);
+  EXPECT_EQ(shorter.layers[1]->amax_commits(), 0);
+
+  // A skipped step's amaxes are dropped (an inf here would otherwise poison every later scale).
+  Fp8Linear& layer = *resumed.layers[0];
+  layer.restore_amax_history(trained.layers[0]->amax_history(), 3);
+  const at::Tensor before = layer.amax_history().clone();
+  run_linear(&layer, at::full({4, 32}, INFINITY), w, b, dy);
+  EXPECT_TRUE(at::isinf(layer.pending_amax()[0]).item<bool>());
+  discard_pending_amaxes(resumed);  // the trainer, for a skipped step: no commit follows
+  EXPECT_EQ(layer.pending_amax().abs().max().item<float>(), 0.0f);
+  EXPECT_TRUE(at::equal(layer.amax_history(), before));
+
+  // Malformed state names the layer.
+  try {
+    restore_amax_histories(resumed, {{"blocks.0.mlp.fc1.amax_history", at::zeros({4, 2})},
+                                     {"blocks.0.mlp.fc1.amax_commits", at::scalar_tensor(1, at::kLong)}});
+    FAIL() << "a [4, 2] history was accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("blocks.0.mlp.fc1"), std::string::npos) << e.what();
+  }
+}
+
 TEST(Fp8, ConversionTakesTheBlockLinearsAndKeepsParameterNames) {
   DiTOptions o = dit_size("S");
   o.depth = 2;

@@ -191,6 +191,8 @@ std::string save_checkpoint(const std::string& checkpoints_dir, const Checkpoint
         write_tensor_file(tmp_dir, "optimizer.safetensors", c.optimizer, name, 0, files);
       }
       if (lead) write_tensor_file(tmp_dir, "rng.safetensors", c.rng, name, 0, files);
+      // The same on every rank (the amaxes were reduced over all of them): rank 0 writes it.
+      if (lead && !c.fp8.empty()) write_tensor_file(tmp_dir, "fp8.safetensors", c.fp8, name, 0, files);
     });
 
     vote.run("committing", [&] {  // nobody moves on (or exits) before the checkpoint is committed
@@ -308,6 +310,7 @@ CheckpointContents read_metadata(const std::string& dir, const json& manifest) {
   c.config_yaml = required<std::string>(manifest, "config_yaml", mpath);
   c.world_size = manifest.value("layout", json::object()).value("world_size", int64_t{1});
   if (manifest["files"].contains("rng.safetensors")) c.rng = read_tensors(fs::path(dir) / "rng.safetensors");
+  if (manifest["files"].contains("fp8.safetensors")) c.fp8 = read_tensors(fs::path(dir) / "fp8.safetensors");
   return c;
 }
 

@@ -79,6 +79,7 @@ struct CheckpointContents {
   NamedTensors ema;        // may be empty
   NamedTensors optimizer;  // exp_avg.<key>, exp_avg_sq.<key>
   NamedTensors rng;        // "cpu" (+ "cuda:<i>")
+  NamedTensors fp8;        // delayed scaling's amax histories (models/fp8/convert.h); may be empty
   TrainProgress progress;
   int64_t optimizer_step_count = 0;
   std::string config_yaml;  // the resolved config of the run that wrote it

@@ -49,6 +49,7 @@ CheckpointContents CheckpointStager::stage(const CheckpointContents& c) {
   staged.ema = stage_tensors("ema", c.ema);
   staged.optimizer = stage_tensors("optimizer", c.optimizer);
   staged.rng = stage_tensors("rng", c.rng);
+  staged.fp8 = stage_tensors("fp8", c.fp8);
   staged.progress = c.progress;
   staged.optimizer_step_count = c.optimizer_step_count;
   staged.config_yaml = c.config_yaml;
