@@ -43,9 +43,7 @@ struct Counts {
   double saturated = 0, underflow = 0, numel = 0;
   void add(const at::Tensor& value, const fp8::OperandCast& cast, const at::Tensor& scale) {
     if (!cast.fp8) return;
-    const at::Tensor v = cast.scaling == fp8::Scaling::block32 && value.size(1) % fp8::kMxBlock != 0
-                             ? at::constant_pad_nd(value, {0, fp8::kMxBlock - value.size(1) % fp8::kMxBlock})
-                             : value;
+    const at::Tensor v = fp8::pad_contracted(value, cast.scaling == fp8::Scaling::block32 ? fp8::kMxBlock : 1);
     const fp8::CastStats s = fp8::cast_stats(v, fp8::quantize(v, cast, scale));
     saturated += s.saturated * s.numel;
     underflow += s.underflow * s.numel;

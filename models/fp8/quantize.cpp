@@ -33,6 +33,11 @@ void check_2d(const at::Tensor& x, const char* what) {
 
 // The cast rules live once, in models/kernels/fp8_cast_reference.h (exactly rounded ATen, bit
 // for bit what the CUDA kernels compute); CUDA tensors take the fused one-pass kernels.
+at::Tensor pad_contracted(const at::Tensor& x, int64_t multiple) {
+  const int64_t k = x.size(1), padded = (k + multiple - 1) / multiple * multiple;
+  return padded == k ? x : at::constant_pad_nd(x, {0, padded - k});
+}
+
 at::Tensor abs_max(const at::Tensor& x) {
   return cuda_fused::supports_fp8_cast(x) ? cuda_fused::amax(x) : fp8_reference::amax(x);
 }

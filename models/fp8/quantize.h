@@ -34,6 +34,10 @@ struct Quantized {
   at::Tensor dequantize() const;  // fp32 [M, K]
 };
 
+// x [M, K] with K zero-padded up to a multiple of `multiple` (MX blocks: 32; hardware fp8 GEMMs:
+// 16). Zeros add nothing to a dot product and never set an amax, so the GEMM is unchanged.
+at::Tensor pad_contracted(const at::Tensor& x, int64_t multiple);
+
 // The dynamic per-tensor scale max_finite / max(amax, 1e-12), fp32 (a 0-dim tensor, on amax's device).
 at::Tensor tensor_scale(const at::Tensor& amax, Format format);
 // |x|.max() as a 0-dim fp32 tensor.

@@ -8,11 +8,6 @@ namespace {
 // cuBLASLt's fp8 GEMM needs the contracted dim to be a multiple of 16; MX blocks span 32.
 constexpr int64_t kHardwareK = 16;
 
-at::Tensor pad_contracted(const at::Tensor& x, int64_t multiple) {
-  const int64_t k = x.size(1), padded = (k + multiple - 1) / multiple * multiple;
-  return padded == k ? x : at::constant_pad_nd(x, {0, padded - k});
-}
-
 // What a bf16 GEMM sees of an operand kept in high precision: its bf16 rounding.
 at::Tensor bf16_rounded(const at::Tensor& x) { return x.to(at::kBFloat16).to(at::kFloat); }
 }  // namespace
