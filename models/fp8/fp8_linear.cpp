@@ -3,6 +3,7 @@
 #include "models/fp8/scaled_gemm.h"
 
 #include <ATen/autocast_mode.h>
+#include <c10/core/GradMode.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/csrc/autograd/custom_function.h>
 
@@ -17,18 +18,28 @@ using torch::autograd::variable_list;
 
 enum Operand : int64_t { kInput = 0, kWeight = 1, kGradOutput = 2 };
 
-void record_amax(const at::Tensor& pending, Operand which, const at::Tensor& x) {
-  if (!pending.defined()) return;
-  at::Tensor slot = pending.select(0, which);
-  slot.copy_(at::maximum(slot, abs_max(x).to(pending.device())));
-}
-
 // The delayed-scaling inputs of one call, passed as one non-tensor argument: undefined tensors
-// cannot be autograd inputs, and none of these needs a gradient. Undefined scale = dynamic.
+// cannot be autograd inputs, and none of these needs a gradient.
 struct ScaleArgs {
-  at::Tensor x_scale, w_scale, dy_scale;
-  at::Tensor pending;  // delayed: the [3] amax slots this call records into
+  at::Tensor history_amax;  // delayed: [3] amaxes of (x, W, ∂y) from the history; undefined = dynamic
+  at::Tensor pending;       // delayed, training passes only: the [3] amax slots this call records into
+  at::Tensor x_scale, w_scale, dy_scale;  // set inside the Function (the forward's, reused by backward)
 };
+
+// The tensor scale of one operand, whose own amax is `amax`. Delayed scaling takes the history's
+// amax instead — unless it is 0: blocks that start at zero (adaLN-Zero gates) see ∂y ≡ 0 at step
+// 1, and a scale of max_finite/1e-12 from that would clip every non-zero ∂y of step 2 to ±max
+// (finite, wrong, unnoticed). There, and before the first commit, the operand's own amax is
+// used, as dynamic scaling would. Records `amax` into the pending slot on training passes.
+at::Tensor operand_scale(const ScaleArgs& args, Operand which, const at::Tensor& amax, Format format) {
+  if (args.pending.defined()) {
+    at::Tensor slot = args.pending.select(0, which);
+    slot.copy_(at::maximum(slot, amax.to(args.pending.device())));
+  }
+  if (!args.history_amax.defined()) return tensor_scale(amax, format);
+  const at::Tensor h = args.history_amax.select(0, which).to(amax.device());
+  return tensor_scale(at::where(h > 0, h, amax), format);
+}
 
 // x·Wᵀ through the recipe's GEMMs (the bias is added outside, by autograd). Saved for backward:
 // x and W in their own precision (each backward GEMM re-quantises its operands along its own
@@ -41,12 +52,9 @@ struct Fp8LinearFunction : public torch::autograd::Function<Fp8LinearFunction> {
     c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
     const RecipePlan p = plan(static_cast<Recipe>(recipe));
     const at::Tensor x2 = x.reshape({-1, x.size(-1)});
-    record_amax(scales.pending, kInput, x2);
-    record_amax(scales.pending, kWeight, weight);
-    if (p.output.a.scaling == Scaling::tensor && !scales.x_scale.defined())
-      scales.x_scale = tensor_scale(abs_max(x2), p.output.a.format);
-    if (p.output.b.scaling == Scaling::tensor && !scales.w_scale.defined())
-      scales.w_scale = tensor_scale(abs_max(weight), p.output.b.format);
+    if (p.output.a.scaling == Scaling::tensor) scales.x_scale = operand_scale(scales, kInput, abs_max(x2), p.output.a.format);
+    if (p.output.b.scaling == Scaling::tensor)
+      scales.w_scale = operand_scale(scales, kWeight, abs_max(weight), p.output.b.format);
 
     const at::Tensor y = scaled_gemm({x2, p.output.a, scales.x_scale}, {weight, p.output.b, scales.w_scale},
                                      p.output.fast_accum, emulate, static_cast<at::ScalarType>(out_dtype));
@@ -55,7 +63,7 @@ struct Fp8LinearFunction : public torch::autograd::Function<Fp8LinearFunction> {
     ctx->saved_data["emulate"] = emulate;
     ctx->saved_data["x_scale"] = scales.x_scale;
     ctx->saved_data["w_scale"] = scales.w_scale;
-    ctx->saved_data["dy_scale"] = scales.dy_scale;
+    ctx->saved_data["history_amax"] = scales.history_amax;
     ctx->saved_data["pending"] = scales.pending;
     std::vector<int64_t> shape = x.sizes().vec();
     shape.back() = weight.size(0);
@@ -74,14 +82,16 @@ struct Fp8LinearFunction : public torch::autograd::Function<Fp8LinearFunction> {
       return v.isTensor() ? v.toTensor() : at::Tensor();
     };
     const at::Tensor x_scale = tensor_or_none("x_scale"), w_scale = tensor_or_none("w_scale");
-    at::Tensor dy_scale = tensor_or_none("dy_scale");
+    ScaleArgs delayed;
+    delayed.history_amax = tensor_or_none("history_amax");
+    delayed.pending = tensor_or_none("pending");
 
     const at::Tensor dy = grads[0].reshape({-1, weight.size(0)});
     const at::Tensor x2 = x.reshape({-1, x.size(-1)});
-    record_amax(tensor_or_none("pending"), kGradOutput, dy);
     // One ∂y scale for both backward GEMMs (tensor scaling), as torchao and TE do.
-    if (p.grad_input.a.scaling == Scaling::tensor && p.grad_input.a.fp8 && !dy_scale.defined())
-      dy_scale = tensor_scale(abs_max(dy), p.grad_input.a.format);
+    at::Tensor dy_scale;
+    if (p.grad_input.a.scaling == Scaling::tensor && p.grad_input.a.fp8)
+      dy_scale = operand_scale(delayed, kGradOutput, abs_max(dy), p.grad_input.a.format);
 
     at::Tensor grad_x, grad_w;
     if (ctx->needs_input_grad(0))
@@ -114,7 +124,7 @@ std::string Fp8Linear::describe() const {
   return std::string("fp8 ") + name(recipe_) + (emulate_ ? " (emulated)" : "");
 }
 
-std::array<at::Tensor, 3> Fp8Linear::delayed_scales(const c10::Device& device) {
+at::Tensor Fp8Linear::history_amax(const c10::Device& device) {
   if (!pending_.defined() || pending_.device() != device) {
     pending_ = at::zeros({3}, at::TensorOptions().dtype(at::kFloat).device(device));
     // A restored history (on the CPU until the first call) follows the layer to its device.
@@ -122,10 +132,7 @@ std::array<at::Tensor, 3> Fp8Linear::delayed_scales(const c10::Device& device) {
   }
   if (commits_ == 0) return {};
   const int64_t filled = std::min<int64_t>(commits_, delayed_.history_len);
-  const at::Tensor amaxes = delayed_.reduce == "max" ? std::get<0>(history_.narrow(0, 0, filled).max(0)) : history_[0];
-  const RecipePlan p = plan(recipe_);
-  return {tensor_scale(amaxes[kInput], p.output.a.format), tensor_scale(amaxes[kWeight], p.output.b.format),
-          tensor_scale(amaxes[kGradOutput], p.grad_input.a.format)};
+  return delayed_.reduce == "max" ? std::get<0>(history_.narrow(0, 0, filled).max(0)) : history_[0];
 }
 
 void Fp8Linear::commit_amax(const at::Tensor& reduced) {
@@ -152,8 +159,11 @@ void Fp8Linear::restore_amax_history(const at::Tensor& history, int64_t commits)
 at::Tensor Fp8Linear::linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
   ScaleArgs scales;
   if (recipe_ == Recipe::delayed) {
-    const auto s = delayed_scales(x.device());
-    scales = {s[0], s[1], s[2], pending_};
+    scales.history_amax = history_amax(x.device());
+    // Only training passes feed the history: a sample grid's or an evaluation's forward (no
+    // grad, EMA weights, other noise levels) must not move the next step's scales. Under
+    // activation checkpointing the no-grad first pass records nothing and the recompute does.
+    if (at::GradMode::is_enabled()) scales.pending = pending_;
   }
   const at::ScalarType dtype = output_dtype(x);
   const at::Tensor y =

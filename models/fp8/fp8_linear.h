@@ -4,7 +4,9 @@
 // Scales: dynamic recipes derive them from the tensor at hand, so an activation-checkpointing
 // recompute (same inputs) re-derives exactly the forward's scales. `delayed` takes them from an
 // amax history that only changes in commit_amax() — once per optimizer step, after the amaxes
-// were reduced over the ranks — so the recompute sees the forward's scales there too.
+// were reduced over the ranks — so the recompute sees the forward's scales there too (an operand
+// whose history amax is 0 is scaled by its own amax: the same tensor, the same scale). Only
+// passes with grad enabled (training) record amaxes.
 #pragma once
 
 #include "models/fp8/recipe.h"
@@ -43,9 +45,10 @@ class Fp8Linear : public LinearCompute {
   void restore_amax_history(const at::Tensor& history, int64_t commits);
 
  private:
-  // The (input, weight, grad_output) scales for this call: from the history once it has an
-  // entry, before that undefined (= dynamic, from the current amax).
-  std::array<at::Tensor, 3> delayed_scales(const c10::Device& device);
+  // The (input, weight, grad_output) amaxes the history gives this call ([3]; max or newest of
+  // the committed rows), undefined before the first commit (= dynamic scales). Allocates the
+  // state on `device` on first use.
+  at::Tensor history_amax(const c10::Device& device);
 
   Recipe recipe_;
   bool emulate_;

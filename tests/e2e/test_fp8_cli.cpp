@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include <cmath>
+#include <filesystem>
 
 using namespace flowtrain::test;
 
@@ -33,14 +34,19 @@ TEST(Fp8Cli, ADelayedScalingRunTrainsAndItsCheckpointResumesWithoutFp8) {
 }
 
 // Delayed scaling's state is the amax histories: a run resumed from step 10 must scale step 11
-// as the straight run does (without the histories it would scale dynamically and drift).
+// as the straight run does (without the histories it would scale dynamically and drift). The
+// sample grid at step 10, drawn just before the checkpoint, must leave no amaxes behind either.
 TEST(Fp8Cli, ADelayedScalingRunResumesBitForBit) {
   REQUIRE_DATA();
-  const std::vector<std::string> sets = {"fp8.recipe=delayed", "checkpoint.every=10", "train.steps=20"};
+  const std::vector<std::string> sets = {"fp8.recipe=delayed", "checkpoint.every=10", "sample.every=10",
+                                         "train.steps=20"};
   const std::string straight = scratch_dir("fp8_straight");
   ASSERT_EQ(train_tiny(straight, sets).exit_code, 0);
+  EXPECT_TRUE(std::filesystem::exists(straight + "/samples/step-0000010.png"));
   const std::string resumed = scratch_dir("fp8_resumed");
-  ASSERT_EQ(train_tiny(resumed, {"fp8.recipe=delayed", "checkpoint.every=10", "train.steps=10"}).exit_code, 0);
+  ASSERT_EQ(train_tiny(resumed, {"fp8.recipe=delayed", "checkpoint.every=10", "sample.every=10", "train.steps=10"})
+                .exit_code,
+            0);
   auto r = train_tiny(resumed, sets);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("amax histories of 8 linears restored"), std::string::npos) << r.output;

@@ -203,6 +203,32 @@ TEST(Fp8, DelayedScalingSaturatesWhenTheHistoryUnderestimates) {
   EXPECT_TRUE(at::isfinite(loud.grad_w).all().item<bool>());
 }
 
+TEST(Fp8, DelayedScalingFallsBackToTheOperandsAmaxWhereTheHistorySawZerosAndNoGradPassesRecordNothing) {
+  // Step 1 of a zero-initialised block: ∂y ≡ 0, so the committed ∂y amax is 0. Step 2's ∂y must
+  // then be scaled by its own amax (exactly tensorwise's), not by 57344/1e-12, which would clip
+  // every element to ±57344 and turn ∂W into sign noise.
+  const at::Tensor x = with_outliers({16, 32}, 5), w = at::randn({8, 32}), b = at::zeros({8}), dy = at::randn({16, 8});
+  Fp8Linear delayed(Recipe::delayed, true, {/*history_len=*/4, "max"});
+  Fp8Conversion conversion;
+  conversion.layers.push_back(std::shared_ptr<Fp8Linear>(&delayed, [](Fp8Linear*) {}));
+  run_linear(&delayed, x, w, b, at::zeros({16, 8}));
+  commit_amax_histories(conversion, {});
+  EXPECT_EQ(delayed.amax_history()[0][2].item<float>(), 0.0f);
+  Fp8Linear tensorwise(Recipe::tensorwise, true);
+  const LinearResult step2 = run_linear(&delayed, x, w, b, dy), dynamic = run_linear(&tensorwise, x, w, b, dy);
+  EXPECT_TRUE(at::equal(step2.grad_w, dynamic.grad_w));  // x and W: history amax = their own here
+  EXPECT_TRUE(at::equal(step2.grad_x, dynamic.grad_x));
+  EXPECT_GE(sqnr_db(run_linear(nullptr, x, w, b, dy).grad_w, step2.grad_w), 17);
+  commit_amax_histories(conversion, {});
+
+  // A forward without grad (a sample grid, an evaluation) uses the history but records nothing.
+  {
+    at::NoGradGuard no_grad;
+    delayed.linear(x * 1000, w, b);
+  }
+  EXPECT_EQ(delayed.pending_amax().abs().max().item<float>(), 0.0f);
+}
+
 TEST(Fp8, AmaxHistoriesRoundTripThroughTheirCheckpointStateAndSkippedStepsLeaveNoTrace) {
   const at::Tensor w = at::randn({8, 32}), b = at::zeros({8}), dy = at::randn({4, 8});
   auto make = [](int64_t len) { return std::make_shared<Fp8Linear>(Recipe::delayed, true, DelayedOptions{len, "max"}); };
