@@ -12,6 +12,16 @@
 
 namespace flowtrain::data {
 
+at::Tensor model_input_images(const at::Tensor& images_u8, int64_t image_size) {
+  at::Tensor images = images_u8.to(at::kFloat).div_(127.5).sub_(1.0);  // uint8 0..255 -> [−1, 1]
+  const int64_t side = images.size(-1);
+  if (image_size > side) {  // pads the last two dimensions: images and clips alike
+    const int64_t before = (image_size - side) / 2, after = image_size - side - before;
+    images = at::constant_pad_nd(images, {before, after, before, after}, -1.0);
+  }
+  return images;
+}
+
 std::vector<int64_t> epoch_order(int64_t n, uint64_t seed, int64_t epoch) {
   std::vector<int64_t> order(n);
   std::iota(order.begin(), order.end(), 0);
@@ -92,14 +102,9 @@ Batch Loader::assemble(const LoaderState& start) {
 
   Batch batch;
   // uint8 0..255 -> [−1, 1]
-  batch.images = dataset_->images.index_select(0, index).to(at::kFloat).div_(127.5).sub_(1.0);
+  batch.images = model_input_images(dataset_->images.index_select(0, index), options_.image_size);
   batch.labels = dataset_->labels.index_select(0, index);
   for (const auto& [name, field] : dataset_->fields) batch.fields[name] = field.index_select(0, index);
-  const int64_t side = batch.images.size(-1);
-  if (options_.image_size > side) {  // pads the last two dimensions: images and clips alike
-    const int64_t before = (options_.image_size - side) / 2, after = options_.image_size - side - before;
-    batch.images = at::constant_pad_nd(batch.images, {before, after, before, after}, -1.0);
-  }
   if (options_.pin_memory) {
     batch.images = batch.images.pin_memory();
     batch.labels = batch.labels.pin_memory();

@@ -36,6 +36,10 @@ struct LoaderOptions {
   bool pin_memory = false;
 };
 
+// uint8 images [N, C, H, W] (0…255) as the model sees them: float in [−1, 1], padded with −1
+// (black) to image_size × image_size when that is larger (0: kept as they are).
+at::Tensor model_input_images(const at::Tensor& images_u8, int64_t image_size);
+
 // The epoch permutation of [0, n): a pure function of (seed, epoch).
 std::vector<int64_t> epoch_order(int64_t n, uint64_t seed, int64_t epoch);
 

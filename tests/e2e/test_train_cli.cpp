@@ -224,6 +224,11 @@ TEST(TrainCli, EvalReportsQualityMetricsAsJson) {
   EXPECT_GE(report["classifier_test_accuracy"].get<double>(), 0.9);
   // two steps of training cannot make samples look like garments: far above the real floor
   EXPECT_GT(report["fd"].get<double>(), 5 * report["fd_floor"].get<double>());
+  // The held-out loss after two steps is still near the zero model's E[(ε − x0)²] ≈ 1 + E[x0²]
+  // (mostly black background: x0 ≈ −1), ~1.6–1.7; a trained default model reaches ~0.28.
+  ASSERT_TRUE(report.contains("val_loss"));
+  EXPECT_GT(report["val_loss"].get<double>(), 1.0);
+  EXPECT_LT(report["val_loss"].get<double>(), 2.5);
   EXPECT_TRUE(fs::exists(ckpt(run, 2) + "/eval.json"));
 }
 

@@ -27,6 +27,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <string>
 
@@ -39,9 +40,13 @@ struct QualityReport {
   double inception_score = 0.0;
   double classifier_test_accuracy = 0.0;
   int64_t num = 0;
+  // trainer/eval/validation_loss.h on the whole test split (10,000 images), noise from
+  // eval.seed: the fit on held-out data, far less noisy than logged training losses. Computed by
+  // evaluate_model and evaluate_checkpoint (not by training's periodic evaluation); NaN there.
+  double val_loss = std::numeric_limits<double>::quiet_NaN();
 
   // One line: {"fd":…,"fd_floor":…,"class_accuracy":…,"inception_score":…,
-  // "classifier_test_accuracy":…,"num":…}
+  // "classifier_test_accuracy":…,"num":…[,"val_loss":…]}
   std::string to_json() const;
 };
 
@@ -89,6 +94,7 @@ struct CheckpointEvalSamples {
   c10::Device device = c10::Device(c10::kCPU);
   std::shared_ptr<models::DiffusionModel> model;  // in eval mode, on the device
   at::Tensor samples;  // generate_eval_samples' uint8 samples
+  RowConditioning eval_rows;  // the conditioning of the evaluation's rows
   std::string report_path;
 };
 using EvalConfigCheck = std::function<void(const Config&, const models::DiffusionModel&)>;
