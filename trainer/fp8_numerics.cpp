@@ -45,9 +45,9 @@ struct Counts {
     if (!cast.fp8) return;
     const at::Tensor v = fp8::pad_contracted(value, cast.scaling == fp8::Scaling::block32 ? fp8::kMxBlock : 1);
     const fp8::CastStats s = fp8::cast_stats(v, fp8::quantize(v, cast, scale));
-    saturated += s.saturated * s.numel;
+    saturated += s.saturated * s.numel;  // counts: the padding zeros neither clip nor underflow
     underflow += s.underflow * s.numel;
-    numel += s.numel;
+    numel += value.numel();              // so they are left out of the denominator too
   }
 };
 

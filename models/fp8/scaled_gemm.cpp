@@ -51,7 +51,12 @@ at::Tensor scaled_gemm(const GemmOperand& a, const GemmOperand& b, bool fast_acc
 
   const at::Tensor ad = a.cast.fp8 ? quantize(av, a.cast, a.scale).dequantize() : bf16_rounded(av);
   const at::Tensor bd = b.cast.fp8 ? quantize(bv, b.cast, b.scale).dequantize() : bf16_rounded(bv);
-  return at::matmul(ad, bd.t()).to(out_dtype);
+  const at::Tensor product = at::matmul(ad, bd.t());
+  // Rounded where the hardware path rounds, so the emulation is the same function: row-scaled
+  // fp8 GEMMs and bf16 GEMMs give bf16 there (a 2^-9 relative step, far below fp8's 2^-4).
+  const bool rows = a.cast.fp8 && a.cast.scaling == Scaling::row;
+  const bool bf16_gemm = !a.cast.fp8 && !b.cast.fp8;
+  return (rows || bf16_gemm ? product.to(at::kBFloat16) : product).to(out_dtype);
 }
 
 }  // namespace flowtrain::models::fp8
