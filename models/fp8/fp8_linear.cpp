@@ -23,7 +23,7 @@ enum Operand : int64_t { kInput = 0, kWeight = 1, kGradOutput = 2 };
 struct ScaleArgs {
   at::Tensor history_amax;  // delayed: [3] amaxes of (x, W, ∂y) from the history; undefined = dynamic
   at::Tensor pending;       // delayed, training passes only: the [3] amax slots this call records into
-  at::Tensor x_scale, w_scale, dy_scale;  // set inside the Function (the forward's, reused by backward)
+  at::Tensor x_scale, w_scale;  // set inside the forward (tensor scaling), reused by backward
 };
 
 // The tensor scale of one operand, whose own amax is `amax`. Delayed scaling takes the history's
