@@ -143,6 +143,11 @@ TEST(TextToImage, TrainsResumesBitForBitSamplesFromPromptsAndExportsTwoParts) {
   EXPECT_EQ(json["num"], 16);
   // The classifier (> 90 % on Fashion-MNIST) reads both garments of most real canvases right.
   EXPECT_GT(json["prompt_accuracy_ceiling"].get<double>(), 0.6);
+  // The held-out loss on every evaluation canvas: below the zero model's E[(ε − x0)²] = 1 + E[x0²]
+  // (≤ 2, canvases in [−1, 1]), above 0 (the velocity cannot be predicted exactly).
+  ASSERT_TRUE(json.contains("val_loss"));
+  EXPECT_GT(json["val_loss"].get<double>(), 0.0);
+  EXPECT_LT(json["val_loss"].get<double>(), 2.0);
   EXPECT_TRUE(fs::exists(ckpt(run, 40) + "/eval.json"));
   // --raw scores the raw weights (other samples than the EMA's: another FD) into its own file.
   r = run_flowtrain("eval " + config_args(run) + " --checkpoint " + ckpt(run, 40) + " --num 16 --raw");
@@ -150,6 +155,7 @@ TEST(TextToImage, TrainsResumesBitForBitSamplesFromPromptsAndExportsTwoParts) {
   EXPECT_NE(r.output.find("eval: raw weights"), std::string::npos) << r.output;
   const auto raw_json = nlohmann::json::parse(read_file(ckpt(run, 40) + "/eval-raw.json"));
   EXPECT_NE(raw_json["fd"].get<double>(), json["fd"].get<double>());
+  EXPECT_NE(raw_json["val_loss"].get<double>(), json["val_loss"].get<double>());  // the loss of other weights
   EXPECT_EQ(nlohmann::json::parse(read_file(ckpt(run, 40) + "/eval.json"))["fd"].get<double>(),
             json["fd"].get<double>());
 }

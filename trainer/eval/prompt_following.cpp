@@ -8,6 +8,7 @@
 #include "trainer/eval/data_set_manifest.h"
 #include "trainer/eval/evaluate.h"
 #include "trainer/eval/quality.h"
+#include "trainer/eval/validation_loss.h"
 #include "trainer/model_registry.h"
 
 #include <fmt/format.h>
@@ -15,6 +16,8 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <chrono>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -132,6 +135,7 @@ std::string PromptFollowingReport::to_json() const {
   j["fd_floor"] = fd_floor;
   j["num"] = scores.num;
   j["num_heldout"] = scores.num_heldout;
+  if (std::isfinite(val_loss)) j["val_loss"] = val_loss;
   return j.dump();
 }
 
@@ -227,6 +231,20 @@ void check_prompt_following_config(const Config& c, const models::DiffusionModel
   check_judgeable_run(c);
 }
 
+double prompt_held_out_loss(models::DiffusionModel& model, const RowConditioning& eval_rows, const Config& config,
+                            const c10::Device& device) {
+  std::unique_lock<std::mutex> lock(g_mutex);
+  const at::Tensor canvases = context_for(config.data.path, config.eval.classifier_dir, device).real_eval;
+  lock.unlock();
+  const int64_t n = canvases.size(0);
+  const auto start = std::chrono::steady_clock::now();
+  const double loss = validation_loss(model, canvases, eval_rows(at::arange(n, at::kLong)), config, device,
+                                      static_cast<uint64_t>(config.eval.seed));
+  spdlog::info("eval: held-out flow-matching loss {:.6f} on the {} evaluation canvases ({:.1f} s)", loss, n,
+               std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  return loss;
+}
+
 PromptFollowingReport evaluate_prompt_following_checkpoint(const Config& config, const std::string& checkpoint_dir,
                                                            int64_t num_override, bool raw) {
   Config c = config;
@@ -235,6 +253,7 @@ PromptFollowingReport evaluate_prompt_following_checkpoint(const Config& config,
   const CheckpointEvalSamples e =
       generate_checkpoint_eval_samples(c, checkpoint_dir, 0, raw, check_prompt_following_config);
   PromptFollowingReport report = score_prompt_following(e.samples, c.data.path, c.eval.classifier_dir, e.device);
+  report.val_loss = prompt_held_out_loss(*e.model, e.eval_rows, c, e.device);
   write_file_atomic(e.report_path, report.to_json() + "\n");
   return report;
 }

@@ -28,12 +28,14 @@
 #include "models/classifier.h"
 #include "models/model.h"
 #include "trainer/config/config.h"
+#include "trainer/eval/sample_grid.h"
 
 #include <c10/core/Device.h>
 
 #include <ATen/ATen.h>
 
 #include <array>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -64,9 +66,12 @@ PromptScores score_readings(const std::vector<CanvasReading>& readings, const st
 struct PromptFollowingReport {
   PromptScores scores;
   double prompt_accuracy_ceiling = 0, fd = 0, fd_floor = 0;
+  // The flow-matching loss on every evaluation prompt's real canvas (trainer/eval/
+  // validation_loss.h); NaN when not measured (then left out of the JSON).
+  double val_loss = std::numeric_limits<double>::quiet_NaN();
   // {"prompt_accuracy":…,"object_accuracy":…,"class_accuracy":…,"color_accuracy":…,
   //  "position_accuracy":…,"heldout_prompt_accuracy":…,"prompt_accuracy_ceiling":…,"fd":…,
-  //  "fd_floor":…,"num":…,"num_heldout":…}
+  //  "fd_floor":…,"num":…,"num_heldout":…,"val_loss":…}
   std::string to_json() const;
 };
 
@@ -80,10 +85,16 @@ PromptFollowingReport score_prompt_following(const at::Tensor& samples, const st
 // must make 3 × 56 × 56 canvases and eval.num must be in [2, evaluation prompts].
 void check_prompt_following_config(const Config& config, const models::DiffusionModel& model);
 
+// The held-out flow-matching loss of `model` on all evaluation prompts of the set in `data_dir`
+// (their real canvases, conditioned by `eval_rows` of the prompt indices), noise and times from
+// eval.seed: every run of a config is measured on the same canvases, times and noise.
+double prompt_held_out_loss(models::DiffusionModel& model, const RowConditioning& eval_rows, const Config& config,
+                            const c10::Device& device);
+
 // `flowtrain eval` of a text-to-image checkpoint: its EMA weights (raw without EMA or with `raw`)
 // generate the first eval.num (num_override > 0: that many) evaluation prompts with the eval
-// section's sampler, scored as above; the report is written atomically to
-// CheckpointModel::report_path.
+// section's sampler, scored as above, plus the held-out loss (all prompts, whatever eval.num);
+// the report is written atomically to CheckpointModel::report_path.
 PromptFollowingReport evaluate_prompt_following_checkpoint(const Config& config, const std::string& checkpoint_dir,
                                                            int64_t num_override = 0, bool raw = false);
 
