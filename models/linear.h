@@ -16,6 +16,15 @@
 
 namespace flowtrain::models {
 
+// A weight handed to a backend already cast (FSDP's fp8 all-gather, parallel/fsdp.h): the gathered
+// fp8 data [out, in] and the 0-dim fp32 inverse scale that dequantises it (W ≈ data · inv_scale).
+// The owner of the gathered storage sets `data` when the gather lands and resets it when the
+// storage is released; a backend given such a slot never reads its weight parameter's own data
+// (it has none: only the parameter's shape, dtype and gradient are used).
+struct PrecastWeight {
+  at::Tensor data, inv_scale;
+};
+
 // How a Linear computes its product. Implementations must be differentiable in x, weight and
 // bias (autograd), return the dtype at::linear would (the input's, or the autocast dtype), and
 // may keep state across calls (delayed scaling's amax history).

@@ -1,5 +1,7 @@
 #include "parallel/fsdp.h"
 
+#include "models/fp8/quantize.h"
+
 #include <ATen/record_function.h>
 #include <c10/core/StorageImpl.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
@@ -9,6 +11,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <stdexcept>
 
@@ -28,6 +31,12 @@ struct FullyShardedModule::Unit {
   at::Tensor reduced;
   int64_t grads_ready = 0;
   bool backward_started = false;  // pre_backward has run since the unit's forward
+  // fp8 all-gather. On an fp8 unit: `full` holds e4m3 bytes; one slot per parameter, and the
+  // scales of the last begin_forward ([params] fp32). On the unit it belongs to: the sibling.
+  bool fp8 = false;
+  std::vector<std::shared_ptr<models::PrecastWeight>> slots;
+  at::Tensor fp8_scales;
+  Unit* fp8_sibling = nullptr;
 };
 
 ReductionFault reduction_fault_from_env() {
@@ -69,41 +78,62 @@ FullyShardedModule::FullyShardedModule(torch::nn::Module& module, const models::
   candidates.push_back({"stem", plan.stem});
   for (const auto& b : plan.blocks) candidates.push_back({b, {b}});
   candidates.push_back({"head", plan.head});
-  std::vector<std::unique_ptr<Unit>> all(candidates.size());
+  std::vector<std::unique_ptr<Unit>> all(candidates.size()), fp8_all(candidates.size());
   for (size_t i = 0; i < all.size(); ++i) {
     all[i] = std::make_unique<Unit>();
     all[i]->layout.name = candidates[i].name;
+    fp8_all[i] = std::make_unique<Unit>();
+    fp8_all[i]->layout.name = candidates[i].name + ".fp8";
+    fp8_all[i]->fp8 = true;
   }
+  size_t fp8_found = 0;
   for (const auto& item : module.named_parameters(/*recurse=*/true)) {
     if (!item.value().requires_grad()) continue;  // fixed tables stay replicated
-    Unit* owner = nullptr;
+    int64_t owner = -1;
     for (size_t i = 0; i < candidates.size(); ++i)
       for (const auto& prefix : candidates[i].prefixes) {
         if (!under(item.key(), prefix)) continue;
-        if (owner && owner != all[i].get())
+        if (owner >= 0 && owner != static_cast<int64_t>(i))
           throw std::invalid_argument(fmt::format("FSDP: parameter '{}' falls in two units ('{}' and '{}')", item.key(),
-                                                  owner->layout.name, all[i]->layout.name));
-        owner = all[i].get();
+                                                  candidates[owner].name, candidates[i].name));
+        owner = static_cast<int64_t>(i);
       }
-    if (!owner)
+    if (owner < 0)
       throw std::invalid_argument(fmt::format("FSDP: parameter '{}' belongs to no unit (stem [{}], head [{}], {} blocks)",
                                               item.key(), fmt::join(plan.stem, ", "), fmt::join(plan.head, ", "),
                                               plan.blocks.size()));
+    const auto fp8_slot = options_.fp8_weights.find(item.key());
+    Unit& u = fp8_slot != options_.fp8_weights.end() ? *fp8_all[owner] : *all[owner];
+    if (u.fp8) {
+      u.slots.push_back(fp8_slot->second);
+      ++fp8_found;
+    }
     const at::Tensor& p = item.value();
-    owner->layout.params.push_back({item.key(), p.sizes().vec(), owner->layout.numel, p.numel()});
-    owner->layout.numel += p.numel();
-    owner->params.push_back(p);
+    u.layout.params.push_back({item.key(), p.sizes().vec(), u.layout.numel, p.numel()});
+    u.layout.numel += p.numel();
+    u.params.push_back(p);
   }
+  if (fp8_found != options_.fp8_weights.size())
+    for (const auto& [name, slot] : options_.fp8_weights) {
+      bool found = false;
+      for (const auto& u : fp8_all)
+        for (const auto& p : u->layout.params) found = found || p.name == name;
+      if (!found) throw std::invalid_argument("FSDP: fp8 all-gather weight '" + name + "' is no trainable parameter");
+    }
   for (size_t i = 0; i < all.size(); ++i) {
     const bool is_block = i > 0 && i + 1 < all.size();
+    // A unit whose every weight is gathered in fp8 is its fp8 unit alone.
+    if (all[i]->params.empty()) std::swap(all[i], fp8_all[i]);
     if (all[i]->params.empty()) {
-      if (is_block) throw std::invalid_argument("FSDP unit '" + all[i]->layout.name + "' has no trainable parameters");
+      if (is_block) throw std::invalid_argument("FSDP unit '" + candidates[i].name + "' has no trainable parameters");
       continue;
     }
     if (is_block) blocks_.push_back(all[i].get());
     else if (i == 0) stem_ = all[i].get();
     else head_ = all[i].get();
+    if (!fp8_all[i]->params.empty()) all[i]->fp8_sibling = fp8_all[i].get();
     units_.push_back(std::move(all[i]));
+    if (!fp8_all[i]->params.empty()) units_.push_back(std::move(fp8_all[i]));
   }
 
   at::NoGradGuard no_grad;
@@ -116,17 +146,27 @@ FullyShardedModule::FullyShardedModule(torch::nn::Module& module, const models::
     for (size_t k = 0; k < l.params.size(); ++k)
       flat.narrow(0, l.params[k].offset, l.params[k].numel).copy_(u->params[k].reshape(-1));
     u->shard = flat.narrow(0, r * l.shard_numel, l.shard_numel).clone().set_requires_grad(true);
-    u->full = at::empty({l.padded_numel}, at::TensorOptions().dtype(options_.compute_dtype).device(device));
+    const auto compute = at::TensorOptions().dtype(options_.compute_dtype).device(device);
+    u->full = at::empty({l.padded_numel}, u->fp8 ? compute.dtype(at::kByte) : compute);
+    // fp8 weights' parameters only carry shape, dtype and gradient: their data would be a
+    // buffer never gathered, released below once the views exist (a read, or a new view of
+    // them, fails loudly: ATen checks a view's bounds against the empty storage).
+    at::Tensor data_of_params = u->fp8 ? at::empty({l.padded_numel}, compute) : u->full;
     for (size_t k = 0; k < l.params.size(); ++k) {
       // The parameter keeps its identity (autograd meta, hooks, the module's handle) and now
       // reads its data from the unit's gathered buffer.
-      u->params[k].set_data(u->full.narrow(0, l.params[k].offset, l.params[k].numel).view(l.params[k].shape));
+      u->params[k].set_data(data_of_params.narrow(0, l.params[k].offset, l.params[k].numel).view(l.params[k].shape));
       Unit* unit = u.get();
       torch::autograd::impl::set_post_acc_grad_hooks(
           u->params[k], std::make_unique<GradReadyHook>([this, unit] { on_grad_ready(*unit); }));
     }
+    if (u->fp8) {
+      c10::StorageImpl* none = data_of_params.storage().unsafeGetStorageImpl();
+      none->set_data_ptr_noswap(at::DataPtr(nullptr, device));
+      none->set_nbytes(0);
+    }
     u->gathered = true;
-    release(*u);
+    release_one(*u);
     layouts_.push_back(l);
     spare_buffers_.clear();  // the construction-time buffers: a gather allocates what it needs
   }
@@ -170,7 +210,13 @@ at::Tensor FullyShardedModule::reduce_buffer(int64_t numel) {
 }
 
 void FullyShardedModule::release(Unit& u) {
+  release_one(u);
+  if (u.fp8_sibling) release_one(*u.fp8_sibling);
+}
+
+void FullyShardedModule::release_one(Unit& u) {
   if (!u.gathered) return;
+  for (auto& slot : u.slots) slot->data = at::Tensor();  // a linear run now fails rather than read freed bytes
   event("release " + u.layout.name);
   c10::StorageImpl* storage = u.full.storage().unsafeGetStorageImpl();
   const size_t bytes = storage->nbytes();
@@ -199,30 +245,94 @@ void FullyShardedModule::wait_device_marks(std::deque<c10::Event>& marks, size_t
 }
 
 void FullyShardedModule::start_gather(Unit& u) {
+  start_gather_one(u);
+  if (u.fp8_sibling) start_gather_one(*u.fp8_sibling);
+}
+
+void FullyShardedModule::wait_gather(Unit& u) {
+  wait_gather_one(u);
+  if (u.fp8_sibling) wait_gather_one(*u.fp8_sibling);
+}
+
+void FullyShardedModule::start_gather_one(Unit& u) {
   if (u.gathered || u.gather_work) return;
   RECORD_USER_SCOPE("fsdp.all_gather");
   event("gather_issue " + u.layout.name);
   wait_device_marks(released_marks_, kMaxGathersAhead);
   c10::StorageImpl* storage = u.full.storage().unsafeGetStorageImpl();
-  const size_t bytes = static_cast<size_t>(u.layout.padded_numel) * c10::elementSize(options_.compute_dtype);
+  const size_t bytes = static_cast<size_t>(u.layout.padded_numel) * u.full.element_size();
   storage->set_data_ptr_noswap(take_buffer(*storage, bytes));
   storage->set_nbytes(bytes);
   at::NoGradGuard no_grad;
-  u.gather_input = u.shard.detach().to(options_.compute_dtype);
+  u.gather_input = u.fp8 ? fp8_gather_input(u) : u.shard.detach().to(options_.compute_dtype);
   u.gather_work = shard_.all_gather(u.full, u.gather_input);
 }
 
-void FullyShardedModule::wait_gather(Unit& u) {
-  start_gather(u);
+void FullyShardedModule::wait_gather_one(Unit& u) {
+  start_gather_one(u);
   if (!u.gather_work) return;
   RECORD_USER_SCOPE("fsdp.wait_all_gather");
   u.gather_work->wait();
   u.gather_work.reset();
   u.gather_input.reset();
   u.gathered = true;
+  for (size_t k = 0; k < u.slots.size(); ++k) {
+    const FsdpParamLayout& p = u.layout.params[k];
+    u.slots[k]->data = u.full.narrow(0, p.offset, p.numel).view(p.shape).view(at::kFloat8_e4m3fn);
+  }
+}
+
+void FullyShardedModule::refresh_fp8_scales() {
+  RECORD_USER_SCOPE("fsdp.fp8_scales");
+  at::NoGradGuard no_grad;
+  // This rank's slice of each fp8 weight: its amax (0 where the slice misses the weight); the
+  // MAX over the group is the whole weight's amax, exactly (a max does not round).
+  std::vector<at::Tensor> amaxes;
+  for (const auto& u : units_) {
+    if (!u->fp8) continue;
+    const int64_t first = shard_.rank() * u->layout.shard_numel, end = first + u->layout.shard_numel;
+    for (const auto& p : u->layout.params) {
+      const int64_t begin = std::max(first, p.offset), stop = std::min(end, p.offset + p.numel);
+      amaxes.push_back(begin < stop ? models::fp8::abs_max(u->shard.detach().narrow(0, begin - first, stop - begin))
+                                    : at::zeros({}, u->shard.options().requires_grad(false)));
+    }
+  }
+  if (amaxes.empty()) return;
+  at::Tensor amax = at::stack(amaxes);
+  shard_.all_reduce(amax, ReduceOp::Max)->wait();
+  int64_t at = 0;
+  for (auto& u : units_) {
+    if (!u->fp8) continue;
+    const auto count = static_cast<int64_t>(u->layout.params.size());
+    // A new tensor each time: forwards still to run backward keep the scales they were given.
+    u->fp8_scales = models::fp8::tensor_scale(amax.narrow(0, at, count), models::fp8::Format::e4m3);
+    const at::Tensor inverse = u->fp8_scales.reciprocal();
+    for (int64_t k = 0; k < count; ++k) u->slots[k]->inv_scale = inverse[k];
+    at += count;
+  }
+}
+
+at::Tensor FullyShardedModule::fp8_gather_input(const Unit& u) const {
+  TORCH_CHECK(u.fp8_scales.defined(), "FSDP fp8 all-gather: ", u.layout.name, " gathered before begin_forward");
+  const int64_t first = shard_.rank() * u.layout.shard_numel, end = first + u.layout.shard_numel;
+  const at::Tensor shard = u.shard.detach();
+  at::Tensor out = at::zeros({u.layout.shard_numel}, shard.options().dtype(at::kByte));  // padding: +0
+  for (size_t k = 0; k < u.layout.params.size(); ++k) {
+    const FsdpParamLayout& p = u.layout.params[k];
+    const int64_t begin = std::max(first, p.offset), stop = std::min(end, p.offset + p.numel);
+    if (begin >= stop) continue;
+    // The cast the linear would apply to the gathered weight (quantize_tensor: saturating, RNE),
+    // element by element, so the bytes are those of the unsharded weight's cast.
+    const at::Tensor slice = shard.narrow(0, begin - first, stop - begin).view({1, -1});
+    const models::fp8::Quantized q =
+        models::fp8::quantize_tensor(slice, models::fp8::Format::e4m3, u.fp8_scales[static_cast<int64_t>(k)]);
+    out.narrow(0, begin - first, stop - begin).copy_(q.data.view(at::kByte).view({-1}));
+  }
+  return out;
 }
 
 void FullyShardedModule::begin_forward() {
+  if (!options_.fp8_weights.empty()) refresh_fp8_scales();
   // The stem is needed at once; block 0's gather travels with it.
   if (stem_) start_gather(*stem_);
   if (!blocks_.empty() && options_.prefetch) start_gather(*blocks_.front());
@@ -283,8 +393,9 @@ void FullyShardedModule::on_grad_ready(Unit& u) {
   if (++u.grads_ready < static_cast<int64_t>(u.params.size())) return;
   u.grads_ready = 0;
   // Every gradient of the unit is in: its backward is over, so the gathered weights can go,
-  // and the reduction can start while the next unit's backward computes.
-  release(u);
+  // and the reduction can start while the next unit's backward computes. (Only this flat
+  // buffer: its fp8 sibling, or the unit it is the sibling of, may still be computing.)
+  release_one(u);
   if (sync_ || options_.reduce_every_micro_batch) start_reduce(u);
 }
 
@@ -385,8 +496,8 @@ void FullyShardedModule::finish_backward() {
 
 void FullyShardedModule::reshard_all() {
   for (auto& u : units_) {
-    if (u->gather_work) wait_gather(*u);  // never free a buffer a collective is writing into
-    release(*u);
+    if (u->gather_work) wait_gather_one(*u);  // never free a buffer a collective is writing into
+    release_one(*u);
   }
 }
 

@@ -29,8 +29,18 @@
 //
 // Parameters with requires_grad = false (DiT's fixed pos_embed) are not sharded: every rank
 // keeps its own copy, as a buffer would be.
+//
+// fp8 all-gather (FsdpOptions::fp8_weights; torchao's float8 all-gather): the weights of a unit
+// that its fp8 linears read pre-cast form a sibling unit "<unit>.fp8", gathered, released and
+// prefetched with its unit, reduced on its own (its gradients are ordinary). begin_forward
+// computes one scale per such weight from its amax over every shard (one all-reduce MAX over
+// the shard group for the whole model: every rank casts with the same scale, the one the
+// unsharded weight would get); each gather casts the rank's fp32 master slice to e4m3 with those
+// scales and all-gathers the bytes — a quarter of fp32's traffic, half of bf16's — into the
+// linears' PrecastWeight slots. The parameters of those weights hold no data at all.
 #pragma once
 
+#include "models/linear.h"
 #include "models/model.h"
 #include "parallel/comm.h"
 
@@ -71,6 +81,9 @@ struct FsdpOptions {
   // averages over all dp_shard · cp members, then multiplies by cp.
   int64_t context_parallel = 1;
   ReductionFault fault = ReductionFault::None;
+  // fp8 all-gather: parameter name ("blocks.3.attn.qkv.weight") → the slot its linear reads the
+  // gathered fp8 weight from (models/fp8/fp8_linear.h gather_weight_in_fp8). Empty = off.
+  std::map<std::string, std::shared_ptr<models::PrecastWeight>> fp8_weights;
 };
 
 // Where each parameter lives in its unit's flat buffer (also the checkpoint's layout record).
@@ -80,7 +93,7 @@ struct FsdpParamLayout {
   int64_t offset = 0, numel = 0;
 };
 struct FsdpUnitLayout {
-  std::string name;  // "stem" | "blocks.3" | "head"
+  std::string name;  // "stem" | "blocks.3" | "head" (| "blocks.3.fp8": fp8 all-gather)
   int64_t numel = 0, padded_numel = 0, shard_numel = 0;
   std::vector<FsdpParamLayout> params;
 };
@@ -102,7 +115,9 @@ class FullyShardedModule {
   FullyShardedModule& operator=(const FullyShardedModule&) = delete;
 
   // --- the training step -------------------------------------------------------------------
-  // Before every forward of the model (training or sampling): gathers the stem, starts block 0's gather.
+  // Before every forward of the model (training or sampling), on every rank of the shard group:
+  // fp8 all-gather's scales from the current shards (a collective), then gathers the stem and
+  // starts block 0's gather.
   void begin_forward();
   // Runs block unit `index` (the model's UnitRunner calls this around each block); `inputs`
   // are the block's tensor inputs (block 0's are hooked to wait for the stem's re-gather).
@@ -148,9 +163,18 @@ class FullyShardedModule {
   at::DataPtr take_buffer(c10::StorageImpl& storage, size_t bytes);
   void keep_buffer(at::DataPtr buffer, size_t bytes);
   at::Tensor reduce_buffer(int64_t numel);  // a zeroed flat gradient buffer from the reduce slots
+  // A unit with its fp8 sibling (the schedule's view) …
   void start_gather(Unit& u);
   void wait_gather(Unit& u);
   void release(Unit& u);
+  // … and one flat buffer alone.
+  void start_gather_one(Unit& u);
+  void wait_gather_one(Unit& u);
+  void release_one(Unit& u);
+  // fp8 all-gather: every fp8 unit's per-weight scales from the shards' amaxes (all-reduce MAX),
+  // and the e4m3 bytes of this rank's slice that a gather sends.
+  void refresh_fp8_scales();
+  at::Tensor fp8_gather_input(const Unit& u) const;
   void pre_backward(int64_t index);
   void on_grad_ready(Unit& u);
   void start_reduce(Unit& u);

@@ -62,7 +62,29 @@ std::vector<std::string> fp8_log_lines(const fp8::Fp8Conversion& conversion, con
                                 "scales, dequantise, multiply in fp32): its numerics, not its speed",
                                 device.str(), config.fp8.recipe));
   lines.push_back(conversion.summary(fp8_options(config, device)));
+  if (config.fp8.all_gather)
+    lines.push_back(fmt::format("fp8 all-gather: the {} converted weights are all-gathered as e4m3 bytes with one scale "
+                                "each (FSDP units '<unit>.fp8')",
+                                conversion.layers.size()));
   return lines;
+}
+
+std::map<std::string, std::shared_ptr<models::PrecastWeight>> fp8_all_gather_weights(
+    const fp8::Fp8Conversion& conversion, const Config& config, bool sharded) {
+  if (!config.fp8.all_gather) return {};
+  const std::string where = config.source_path.empty() ? std::string("config") : config.source_path;
+  if (config.fp8.recipe != "tensorwise")
+    throw ConfigError(fmt::format("{}: 'fp8.all_gather' needs 'fp8.recipe' tensorwise (one scale per weight, sent "
+                                  "with its bytes), not {}",
+                                  where, config.fp8.recipe));
+  if (!sharded)
+    throw ConfigError(fmt::format("{}: 'fp8.all_gather' casts FSDP's weight all-gathers, and this run is not sharded "
+                                  "(one process: launch more ranks, or set 'parallel.fsdp: on')",
+                                  where));
+  std::map<std::string, std::shared_ptr<models::PrecastWeight>> weights;
+  for (size_t i = 0; i < conversion.layers.size(); ++i)
+    weights[conversion.converted[i] + ".weight"] = conversion.layers[i]->gather_weight_in_fp8();
+  return weights;
 }
 
 void commit_fp8_amax(const fp8::Fp8Conversion& conversion, parallel::Comm* group) {

@@ -9,6 +9,8 @@
 
 #include <c10/core/Device.h>
 
+#include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -26,6 +28,12 @@ models::fp8::Fp8Conversion apply_fp8(models::DiffusionModel& model, const Config
 // What the run log says of it (empty for recipe none): the emulation note once, the summary.
 std::vector<std::string> fp8_log_lines(const models::fp8::Fp8Conversion& conversion, const Config& config,
                                        const c10::Device& device);
+
+// `fp8.all_gather`: the converted linears' weights that FSDP gathers in fp8 (parameter name →
+// the slot each linear reads its gathered weight from), switched on in the layers; empty when
+// off. A ConfigError unless the recipe is tensorwise and the run is sharded (`sharded`: FSDP).
+std::map<std::string, std::shared_ptr<models::PrecastWeight>> fp8_all_gather_weights(
+    const models::fp8::Fp8Conversion& conversion, const Config& config, bool sharded);
 
 // Once per optimizer step: delayed scaling's amaxes reduced (max) over `group` — every rank
 // sharing the model — and committed to the histories. `group` may be null (one process).

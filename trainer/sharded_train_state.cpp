@@ -34,11 +34,13 @@ parallel::FsdpOptions fsdp_options(const Config& c) {
 
 class ShardedTrainState : public TrainState {
  public:
-  ShardedTrainState(std::shared_ptr<models::DiffusionModel> model, const Config& config, parallel::Runtime& runtime)
+  ShardedTrainState(std::shared_ptr<models::DiffusionModel> model, const Config& config, parallel::Runtime& runtime,
+                    std::map<std::string, std::shared_ptr<models::PrecastWeight>> fp8_weights)
       : model_(std::move(model)), config_(config), runtime_(runtime) {
     parallel::Comm& shard = runtime.shard_group();
     parallel::Comm* replicate = runtime.replicate_group().size() > 1 ? &runtime.replicate_group() : nullptr;
-    const parallel::FsdpOptions options = fsdp_options(config);
+    parallel::FsdpOptions options = fsdp_options(config);
+    options.fp8_weights = std::move(fp8_weights);
     fsdp_ = std::make_unique<parallel::FullyShardedModule>(*model_, model_->units(), shard, replicate, options);
     if (options.fault != parallel::ReductionFault::None)
       spdlog::warn("FLOWTRAIN_FAULT_REDUCTION is set: gradients are reduced WRONGLY on purpose (a test of the checks)");
@@ -292,9 +294,10 @@ class ShardedTrainState : public TrainState {
 
 }  // namespace
 
-std::unique_ptr<TrainState> make_sharded_train_state(std::shared_ptr<models::DiffusionModel> model,
-                                                     const Config& config, parallel::Runtime& runtime) {
-  return std::make_unique<ShardedTrainState>(std::move(model), config, runtime);
+std::unique_ptr<TrainState> make_sharded_train_state(
+    std::shared_ptr<models::DiffusionModel> model, const Config& config, parallel::Runtime& runtime,
+    std::map<std::string, std::shared_ptr<models::PrecastWeight>> fp8_weights) {
+  return std::make_unique<ShardedTrainState>(std::move(model), config, runtime, std::move(fp8_weights));
 }
 
 }  // namespace flowtrain::trainer

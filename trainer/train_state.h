@@ -10,13 +10,16 @@
 #pragma once
 
 #include "models/flow_matching.h"
+#include "models/linear.h"
 #include "models/model.h"
 #include "parallel/runtime.h"
 #include "trainer/checkpoint/checkpoint.h"
 #include "trainer/config/config.h"
 
 #include <functional>
+#include <map>
 #include <memory>
+#include <string>
 
 namespace flowtrain::trainer {
 
@@ -68,7 +71,9 @@ class TrainState {
 
 std::unique_ptr<TrainState> make_local_train_state(std::shared_ptr<models::DiffusionModel> model,
                                                    const Config& config);
-std::unique_ptr<TrainState> make_sharded_train_state(std::shared_ptr<models::DiffusionModel> model,
-                                                     const Config& config, parallel::Runtime& runtime);
+// `fp8_weights`: fp8 all-gather's weights (trainer/fp8_setup.h fp8_all_gather_weights), or empty.
+std::unique_ptr<TrainState> make_sharded_train_state(
+    std::shared_ptr<models::DiffusionModel> model, const Config& config, parallel::Runtime& runtime,
+    std::map<std::string, std::shared_ptr<models::PrecastWeight>> fp8_weights = {});
 
 }  // namespace flowtrain::trainer

@@ -140,6 +140,8 @@ Trainer::Trainer(Config config, TrainerHooks hooks) : config_(std::move(config))
   }
   const std::string cp_attention = config_.parallel.cp > 1 ? context_attention_kind(config_, *model) : "";
   fp8_ = apply_fp8(*model, config_, device_);  // before sharding: FSDP gathers into the same modules
+  // fp8.all_gather's checks (recipe, sharding) before anything is written.
+  auto fp8_gathered = fp8_all_gather_weights(fp8_, config_, distributed);
   if (config_.eval.every > 0) check_eval_config(config_, *model);  // every rank, up front
   if (distributed) {
     parallel::RuntimeOptions ro{env_, shape, config_.parallel.backend, config_.parallel.timeout_s, device_};
@@ -167,7 +169,7 @@ Trainer::Trainer(Config config, TrainerHooks hooks) : config_(std::move(config))
                config_.train.grad_accum, config_.data.batch_size / (dp_size_ * config_.train.grad_accum));
   for (const std::string& line : fp8_log_lines(fp8_, config_, device_)) spdlog::info("{}", line);
   if (runtime_) {
-    state_ = make_sharded_train_state(model, config_, *runtime_);
+    state_ = make_sharded_train_state(model, config_, *runtime_, std::move(fp8_gathered));
     spdlog::info("FSDP over {} ({} backend): {} units, {:.1f} MiB of training state on this rank", runtime_->mesh().describe(),
                  runtime_->backend(), blocks + 2, state_->state_bytes() / 1048576.0);
     if (!cp_attention.empty())

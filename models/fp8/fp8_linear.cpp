@@ -24,7 +24,14 @@ struct ScaleArgs {
   at::Tensor history_amax;  // delayed: [3] amaxes of (x, W, ∂y) from the history; undefined = dynamic
   at::Tensor pending;       // delayed, training passes only: the [3] amax slots this call records into
   at::Tensor x_scale, w_scale;  // set inside the forward (tensor scaling), reused by backward
+  at::Tensor w_fp8, w_inv_scale;  // fp8 all-gather: W already cast (e4m3, tensor scale); W's data unread
 };
+
+// The precast weight as an operand of the forward (W) or of ∂x's GEMM (Wᵀ: the same bytes and
+// scale, transposed).
+Quantized precast(const at::Tensor& data, const at::Tensor& inv_scale) {
+  return {data, inv_scale, Format::e4m3, Scaling::tensor};
+}
 
 // The tensor scale of one operand, whose own amax is `amax`. Delayed scaling takes the history's
 // amax instead — unless it is 0: blocks that start at zero (adaLN-Zero gates) see ∂y ≡ 0 at step
@@ -53,11 +60,13 @@ struct Fp8LinearFunction : public torch::autograd::Function<Fp8LinearFunction> {
     const RecipePlan p = plan(static_cast<Recipe>(recipe));
     const at::Tensor x2 = x.reshape({-1, x.size(-1)});
     if (p.output.a.scaling == Scaling::tensor) scales.x_scale = operand_scale(scales, kInput, abs_max(x2), p.output.a.format);
-    if (p.output.b.scaling == Scaling::tensor)
-      scales.w_scale = operand_scale(scales, kWeight, abs_max(weight), p.output.b.format);
+    GemmOperand w{weight, p.output.b};
+    if (scales.w_fp8.defined()) w.cast_value = precast(scales.w_fp8, scales.w_inv_scale);
+    else if (p.output.b.scaling == Scaling::tensor)
+      w.scale = scales.w_scale = operand_scale(scales, kWeight, abs_max(weight), p.output.b.format);
 
-    const at::Tensor y = scaled_gemm({x2, p.output.a, scales.x_scale}, {weight, p.output.b, scales.w_scale},
-                                     p.output.fast_accum, emulate, static_cast<at::ScalarType>(out_dtype));
+    const at::Tensor y = scaled_gemm({x2, p.output.a, scales.x_scale}, w, p.output.fast_accum, emulate,
+                                     static_cast<at::ScalarType>(out_dtype));
     ctx->save_for_backward({x, weight});
     ctx->saved_data["recipe"] = recipe;
     ctx->saved_data["emulate"] = emulate;
@@ -65,6 +74,8 @@ struct Fp8LinearFunction : public torch::autograd::Function<Fp8LinearFunction> {
     ctx->saved_data["w_scale"] = scales.w_scale;
     ctx->saved_data["history_amax"] = scales.history_amax;
     ctx->saved_data["pending"] = scales.pending;
+    ctx->saved_data["w_fp8"] = scales.w_fp8;
+    ctx->saved_data["w_inv_scale"] = scales.w_inv_scale;
     std::vector<int64_t> shape = x.sizes().vec();
     shape.back() = weight.size(0);
     return y.view(shape);
@@ -94,10 +105,13 @@ struct Fp8LinearFunction : public torch::autograd::Function<Fp8LinearFunction> {
       dy_scale = operand_scale(delayed, kGradOutput, abs_max(dy), p.grad_input.a.format);
 
     at::Tensor grad_x, grad_w;
-    if (ctx->needs_input_grad(0))
-      grad_x = scaled_gemm({dy, p.grad_input.a, dy_scale}, {weight.t(), p.grad_input.b, w_scale}, false, emulate,
-                           x.scalar_type())
-                   .view(x.sizes());
+    if (ctx->needs_input_grad(0)) {
+      // A precast weight's parameter has no data to take a view of: Wᵀ is the bytes' transpose.
+      const at::Tensor w_fp8 = tensor_or_none("w_fp8");
+      GemmOperand wt{w_fp8.defined() ? w_fp8.t() : weight.t(), p.grad_input.b, w_scale};
+      if (w_fp8.defined()) wt.cast_value = precast(w_fp8.t(), tensor_or_none("w_inv_scale"));
+      grad_x = scaled_gemm({dy, p.grad_input.a, dy_scale}, wt, false, emulate, x.scalar_type()).view(x.sizes());
+    }
     if (ctx->needs_input_grad(1))
       grad_w = scaled_gemm({dy.t(), p.grad_weight.a, dy_scale}, {x2.t(), p.grad_weight.b, x_scale}, false, emulate,
                            weight.scalar_type());
@@ -156,6 +170,14 @@ void Fp8Linear::restore_amax_history(const at::Tensor& history, int64_t commits)
   commits_ = rows == delayed_.history_len ? commits : rows;  // only rows that hold real amaxes count
 }
 
+std::shared_ptr<PrecastWeight> Fp8Linear::gather_weight_in_fp8() {
+  if (recipe_ != Recipe::tensorwise)
+    throw std::invalid_argument(std::string("fp8 all-gather casts each weight with one tensor scale: recipe tensorwise "
+                                            "only, not ") + name(recipe_));
+  if (!precast_) precast_ = std::make_shared<PrecastWeight>();
+  return precast_;
+}
+
 at::Tensor Fp8Linear::linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias) {
   ScaleArgs scales;
   if (recipe_ == Recipe::delayed) {
@@ -164,6 +186,12 @@ at::Tensor Fp8Linear::linear(const at::Tensor& x, const at::Tensor& weight, cons
     // grad, EMA weights, other noise levels) must not move the next step's scales. Under
     // activation checkpointing the no-grad first pass records nothing and the recompute does.
     if (at::GradMode::is_enabled()) scales.pending = pending_;
+  }
+  if (precast_) {
+    TORCH_CHECK(precast_->data.defined(), "fp8 all-gather: a ", describe(),
+                " linear ran before its weight was gathered (FSDP's begin_forward / unit schedule)");
+    scales.w_fp8 = precast_->data;
+    scales.w_inv_scale = precast_->inv_scale;
   }
   const at::ScalarType dtype = output_dtype(x);
   const at::Tensor y =

@@ -15,6 +15,7 @@
 #include <ATen/ATen.h>
 
 #include <array>
+#include <memory>
 #include <string>
 
 namespace flowtrain::models::fp8 {
@@ -44,6 +45,14 @@ class Fp8Linear : public LinearCompute {
   // rows that fit. Throws std::invalid_argument for a tensor that is not [rows, 3].
   void restore_amax_history(const at::Tensor& history, int64_t commits);
 
+  // FSDP's fp8 all-gather (tensorwise only): from now on the weight arrives cast, through the
+  // returned slot (models/linear.h PrecastWeight), which the gatherer fills. Throws
+  // std::invalid_argument for another recipe: rowwise and MX scales run along the contracted
+  // axis, which differs between the forward and the backward GEMMs, and delayed scales come
+  // from the layer's own history.
+  std::shared_ptr<PrecastWeight> gather_weight_in_fp8();
+  const std::shared_ptr<PrecastWeight>& precast_weight() const { return precast_; }
+
  private:
   // The (input, weight, grad_output) amaxes the history gives this call ([3]; max or newest of
   // the committed rows), undefined before the first commit (= dynamic scales). Allocates the
@@ -55,6 +64,7 @@ class Fp8Linear : public LinearCompute {
   DelayedOptions delayed_;
   at::Tensor history_, pending_;
   int64_t commits_ = 0;
+  std::shared_ptr<PrecastWeight> precast_;
 };
 
 }  // namespace flowtrain::models::fp8

@@ -1,16 +1,20 @@
 // fp8 across ranks: delayed scaling's amaxes are reduced to one scale for every rank, and a
 // recipe whose casts do not depend on how the batch is split trains under FSDP, and under
-// context parallelism with activation checkpointing, as in one process.
+// context parallelism with activation checkpointing, as in one process; FSDP's fp8 all-gather
+// computes what gathering in fp32 and then casting does.
+#include "cli_runner.h"
 #include "equivalence.h"
 #include "rank_runner.h"
 #include "test_util.h"
 
 #include "models/fp8/convert.h"
 #include "parallel/runtime.h"
+#include "trainer/checkpoint/checkpoint.h"
 #include "trainer/fp8_setup.h"
 
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <stdexcept>
 
 using namespace flowtrain;
@@ -88,4 +92,77 @@ TEST(DistFp8, RowwiseWithBf16WeightGradUnderContextParallelismMatchesOneProcess)
   EXPECT_LE(d.grad_norm_rel, 1.5e-3);
   EXPECT_NEAR(d.first_grad_norm_ratio, 1.0, kGradNormRelTol);
   EXPECT_LE(d.weight_abs, 5e-3);
+}
+
+TEST(DistFp8, TensorwiseWeightsAllGatheredInFp8ComputeWhatGatheringThenCastingDoes) {
+  REQUIRE_DATA();
+  // With fp8.all_gather each rank casts its fp32 master slice of a weight with the whole
+  // weight's scale (its amax all-reduced over the shards) and the ranks gather the e4m3 bytes;
+  // without it they gather fp32 and the linear casts the whole weight. A max is exact, so the
+  // scale is the same, and the cast is the same saturating round-to-nearest-even element by
+  // element: the same bytes, so step 1's forward is bit-identical (a weak check alone: the
+  // zero-initialised adaLN gates hide the blocks at step 1). The fp8 weights form a
+  // unit of their own ("blocks.N.fp8"), so a rank's shard covers other elements than before:
+  // the gradient norm (a sum of per-shard sums) and with it the clip differ by ulps from step 1
+  // on, and could move later steps by the e4m3 rounding-boundary flips such ulps cause — the
+  // same kind of difference as rowwise_gw_hp's sharded run above, and bounded the same way.
+  // Measured on these 20 steps: every loss and the final weights bit-identical, the gradient
+  // norm within 7.4e-8 relative. Without the amax all-reduce (each rank scaling by its own
+  // slice) the losses differ by 4 % and the weights by 0.05: far outside.
+  // The gathered run also recomputes every block in backward (activation checkpointing: the
+  // recompute must get the forward's bytes and scales) and both draw a sample grid from the EMA
+  // weights at step 10 (swapped shards: the scales must follow them, and training after it
+  // must get the raw weights' scales back).
+  const std::string base = scratch_dir("fp8_all_gather");
+  const auto sets = with({"fp8.recipe=tensorwise", "sample.every=10", "sample.num=8", "sample.steps=4"});
+  auto gathered = sets;
+  gathered.push_back("fp8.all_gather=true");
+  gathered.push_back("train.activation_checkpointing=full");
+  run_world(2, base + "/cast_after_gather", sets);
+  run_world(2, base + "/gather_fp8", gathered);
+  const auto a = read_metrics(base + "/cast_after_gather"), b = read_metrics(base + "/gather_fp8");
+  ASSERT_FALSE(a.empty());
+  ASSERT_EQ(a.size(), b.size());
+  EXPECT_EQ(a[0]["loss"].get<double>(), b[0]["loss"].get<double>());  // step 1: the same bytes, bit for bit
+  EXPECT_TRUE(read_file(base + "/cast_after_gather/samples/step-0000010.png") ==
+              read_file(base + "/gather_fp8/samples/step-0000010.png"))
+      << "the sample grids from the EMA weights differ";
+  const Difference d = compare_runs(base + "/cast_after_gather", base + "/gather_fp8");
+  std::printf("[equivalence] fp8 tensorwise, world 2, fp8 all-gather vs gather then cast: loss %.3g, grad norm %.3g, "
+              "step-1 grad-norm ratio %.10f, weights %.3g\n",
+              d.loss_rel, d.grad_norm_rel, d.first_grad_norm_ratio, d.weight_abs);
+  EXPECT_NEAR(d.first_grad_norm_ratio, 1.0, kGradNormRelTol);
+  EXPECT_LE(d.loss_rel, 2e-4);
+  EXPECT_LE(d.grad_norm_rel, 1.5e-3);
+  EXPECT_LE(d.weight_abs, 5e-3);
+
+  // The converted weights really travelled as their own fp8 units: each block's qkv, proj, fc1
+  // and fc2 weights (the tiny config's 8 converted linears over 2 blocks), nothing else; the
+  // checkpoint of that layout consolidates like any other (compare_runs read it above).
+  const auto layout = trainer::load_checkpoint_layout(final_checkpoint(base + "/gather_fp8"));
+  ASSERT_TRUE(layout.has_value());
+  int64_t fp8_units = 0, fp8_weights = 0;
+  for (const auto& unit : layout->units) {
+    if (unit.name.size() < 4 || unit.name.compare(unit.name.size() - 4, 4, ".fp8") != 0) continue;
+    ++fp8_units;
+    for (const auto& p : unit.params) {
+      ++fp8_weights;
+      EXPECT_EQ(p.name.compare(p.name.size() - 7, 7, ".weight"), 0) << p.name;
+    }
+  }
+  EXPECT_EQ(fp8_units, 2);
+  EXPECT_EQ(fp8_weights, 8);
+  EXPECT_NE(read_file(base + "/gather_fp8/log.txt").find("fp8 all-gather: the 8 converted weights"), std::string::npos);
+}
+
+TEST(DistFp8, AllGatherInFp8IsRefusedForAnotherRecipeOrAnUnshardedRun) {
+  REQUIRE_DATA();
+  const std::string base = scratch_dir("fp8_all_gather_refused");
+  auto r = train_tiny(base + "/rowwise", with({"fp8.recipe=rowwise", "fp8.all_gather=true"}));
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("'fp8.all_gather' needs 'fp8.recipe' tensorwise"), std::string::npos) << r.output;
+  r = train_tiny(base + "/one_process", with({"fp8.recipe=tensorwise", "fp8.all_gather=true"}));
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("this run is not sharded"), std::string::npos) << r.output;
+  EXPECT_FALSE(std::filesystem::exists(base + "/one_process"));  // refused before anything is written
 }

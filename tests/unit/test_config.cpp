@@ -106,7 +106,7 @@ TEST(ConfigTest, AllKeysListsEverySettingInFileOrder) {
       "train.steps", "train.grad_accum", "train.precision", "train.ema_decay", "train.ema_warmup", "train.log_every", "train.threads",
       "train.tensorboard", "train.activation_checkpointing", "train.activation_checkpointing_every", "train.tf32",
       "train.init_from", "fp8.recipe", "fp8.emulate", "fp8.include", "fp8.exclude", "fp8.min_dim",
-      "fp8.amax_history_len", "fp8.amax_reduce", "sample.every", "sample.num", "sample.steps", "sample.sampler", "sample.cfg_scale", "sample.seed",
+      "fp8.amax_history_len", "fp8.amax_reduce", "fp8.all_gather", "sample.every", "sample.num", "sample.steps", "sample.sampler", "sample.cfg_scale", "sample.seed",
       "checkpoint.every", "checkpoint.keep", "checkpoint.resume", "checkpoint.async", "checkpoint.on_error",
       "eval.every", "eval.num", "eval.steps", "eval.sampler", "eval.cfg_scale", "eval.seed", "eval.classifier_dir",
       "profile.enabled", "profile.start_step", "profile.num_steps", "profile.record_shapes", "profile.memory",
@@ -357,7 +357,7 @@ Config everything_changed() {
             8, "latent", {"56x56", "48x64"}, 16, 4.0, 64, "fail", 0.25, true, {"7", "9-11"}, 2, 5.5};
   c.optim = {3e-4, 0.8, 0.95, 1e-6, 0.01, 50, "cosine", 0.1, 0.0};
   c.train = {12345, 3, "bf16", 0.999, false, 5, 2, false, "full", 2, false, "/tmp/init.safetensors"};
-  c.fp8 = {"rowwise_gw_hp", true, {"blocks.*", "x.*"}, {"*.fc2"}, 64, 32, "most_recent"};
+  c.fp8 = {"rowwise_gw_hp", true, {"blocks.*", "x.*"}, {"*.fc2"}, 64, 32, "most_recent", true};
   c.sample = {0, 16, 20, "heun", 4.0, 99};
   c.checkpoint = {100, 0, "never", /*async=*/false, "warn"};
   c.eval = {250, 500, 10, "euler", 2.0, 7, "/tmp/classifiers"};

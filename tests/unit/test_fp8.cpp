@@ -15,6 +15,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
+#include <memory>
 
 using namespace flowtrain::models;
 using namespace flowtrain::models::fp8;
@@ -340,5 +342,36 @@ TEST(Fp8, TheActivationCheckpointRecomputeGivesTheStoredGradients) {
       // gradient sums the blocks' contributions in another order; fp32 summation order only.
       EXPECT_TRUE(at::allclose(got[item.key()].grad(), item.value().grad(), 1e-5, 1e-8)) << item.key();
     }
+  }
+}
+
+TEST(Fp8, APrecastWeightGivesTheSameResultsAsCastingTheWeightAndItsDataIsNeverRead) {
+  // FSDP's fp8 all-gather hands the linear the e4m3 bytes and inverse scale of W's tensorwise
+  // cast (parallel/fsdp.h). Those are exactly what the linear's own cast makes of W, so every
+  // output must be bit-identical; the weight parameter then carries only shape and gradient —
+  // here it is all NaN, which any read (an amax, a GEMM) would spread into every result.
+  const at::Tensor x = with_outliers({24, 48}, 5), w = with_outliers({40, 48}, 6), b = at::randn({40});
+  const at::Tensor dy = at::randn({24, 40});
+  Fp8Linear own(Recipe::tensorwise, true), given(Recipe::tensorwise, true);
+  const LinearResult expected = run_linear(&own, x, w, b, dy);
+
+  const std::shared_ptr<PrecastWeight> slot = given.gather_weight_in_fp8();
+  EXPECT_EQ(given.gather_weight_in_fp8(), slot);  // one slot per layer
+  const Quantized q = quantize_tensor(w, Format::e4m3, tensor_scale(abs_max(w), Format::e4m3));
+  const at::Tensor nan_weight = at::full_like(w, std::numeric_limits<float>::quiet_NaN());
+  EXPECT_THROW(run_linear(&given, x, nan_weight, b, dy), c10::Error);  // not gathered yet: refused
+  slot->data = q.data;
+  slot->inv_scale = q.inv_scale;
+  const LinearResult got = run_linear(&given, x, nan_weight, b, dy);
+  EXPECT_TRUE(at::equal(got.y, expected.y));
+  EXPECT_TRUE(at::equal(got.grad_x, expected.grad_x));
+  EXPECT_TRUE(at::equal(got.grad_w, expected.grad_w));
+  EXPECT_TRUE(at::equal(got.grad_b, expected.grad_b));
+
+  // Scales along the contracted axis (rowwise, MX) or from a history (delayed) cannot travel
+  // with the gathered bytes.
+  for (Recipe r : {Recipe::rowwise, Recipe::rowwise_gw_hp, Recipe::delayed, Recipe::mxfp8}) {
+    Fp8Linear other(r, true);
+    EXPECT_THROW(other.gather_weight_in_fp8(), std::invalid_argument) << name(r);
   }
 }

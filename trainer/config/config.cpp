@@ -333,6 +333,9 @@ std::vector<Section> build_schema() {
                   .add("amax_history_len", &Fp8Config::amax_history_len, at_least(1), "delayed: steps of amax history")
                   .add("amax_reduce", &Fp8Config::amax_reduce, one_of({"max", "most_recent"}),
                        "delayed: the history's max, or its newest entry")
+                  .add("all_gather", &Fp8Config::all_gather, any(),
+                       "tensorwise under FSDP: all-gather the converted weights as e4m3 bytes with one scale each "
+                       "(a quarter of fp32's traffic, half of bf16's) instead of gathering, then casting")
                   .section);
 
   s.push_back(section("sample", &Config::sample)

@@ -137,6 +137,7 @@ struct Fp8Config {
   int64_t min_dim = 16;            // smaller linears stay in high precision
   int64_t amax_history_len = 16;   // delayed: steps of amax history
   std::string amax_reduce = "max";  // delayed: max | most_recent over the history
+  bool all_gather = false;  // FSDP: gather the converted weights as e4m3 with their scale (tensorwise)
 };
 
 struct SampleConfig {
