@@ -36,7 +36,8 @@ struct FullyShardedModule::Unit {
   bool fp8 = false;
   std::vector<std::shared_ptr<models::PrecastWeight>> slots;
   at::Tensor fp8_scales;
-  Unit* fp8_sibling = nullptr;
+  Unit* fp8_sibling = nullptr;  // on the unit the fp8 weights belong to
+  Unit* fp8_owner = nullptr;    // on the sibling: that unit
 };
 
 ReductionFault reduction_fault_from_env() {
@@ -131,7 +132,12 @@ FullyShardedModule::FullyShardedModule(torch::nn::Module& module, const models::
     if (is_block) blocks_.push_back(all[i].get());
     else if (i == 0) stem_ = all[i].get();
     else head_ = all[i].get();
-    if (!fp8_all[i]->params.empty()) all[i]->fp8_sibling = fp8_all[i].get();
+    if (!fp8_all[i]->params.empty()) {
+      all[i]->fp8_sibling = fp8_all[i].get();
+      fp8_all[i]->fp8_owner = all[i].get();
+      // A unit's gradients now take two flat buffers: keep as many units' worth in flight.
+      max_reduces_in_flight_ = 2 * kMaxReducesInFlight;
+    }
     units_.push_back(std::move(all[i]));
     if (!fp8_all[i]->params.empty()) units_.push_back(std::move(fp8_all[i]));
   }
@@ -201,21 +207,23 @@ at::Tensor FullyShardedModule::reduce_buffer(int64_t numel) {
   if (reduce_slots_.empty()) {
     int64_t largest = 0;
     for (const auto& u : units_) largest = std::max(largest, u->layout.padded_numel);
-    for (size_t i = 0; i < kMaxReducesInFlight; ++i) reduce_slots_.push_back(at::empty({largest}, opts));
+    for (size_t i = 0; i < max_reduces_in_flight_; ++i) reduce_slots_.push_back(at::empty({largest}, opts));
   }
-  // Slots are used round-robin; finish_reduces keeps fewer than kMaxReducesInFlight in flight
+  // Slots are used round-robin; finish_reduces keeps fewer than max_reduces_in_flight_ in flight
   // before a new one is taken, and reductions finish in issue order, so the slot is free.
   at::Tensor slot = reduce_slots_[next_reduce_slot_++ % reduce_slots_.size()].narrow(0, 0, numel);
   return slot.zero_();
 }
 
 void FullyShardedModule::release(Unit& u) {
-  release_one(u);
-  if (u.fp8_sibling) release_one(*u.fp8_sibling);
+  bool released = release_one(u);
+  if (u.fp8_sibling) released = release_one(*u.fp8_sibling) || released;
+  // One mark per unit, its sibling included: kMaxGathersAhead counts units.
+  if (released) mark_device(released_marks_, u.full.device());
 }
 
-void FullyShardedModule::release_one(Unit& u) {
-  if (!u.gathered) return;
+bool FullyShardedModule::release_one(Unit& u) {
+  if (!u.gathered) return false;
   for (auto& slot : u.slots) slot->data = at::Tensor();  // a linear run now fails rather than read freed bytes
   event("release " + u.layout.name);
   c10::StorageImpl* storage = u.full.storage().unsafeGetStorageImpl();
@@ -223,7 +231,7 @@ void FullyShardedModule::release_one(Unit& u) {
   keep_buffer(storage->set_data_ptr(at::DataPtr(nullptr, u.full.device())), bytes);
   storage->set_nbytes(0);
   u.gathered = false;
-  mark_device(released_marks_, u.full.device());
+  return true;
 }
 
 void FullyShardedModule::mark_device(std::deque<c10::Event>& marks, const c10::Device& device) {
@@ -372,7 +380,14 @@ models::Tensors FullyShardedModule::run_unit(int64_t index, const models::Tensor
     // modules run backward: the stem (prefetched by pre_backward(0)) must be here by then.
     for (const auto& input : inputs)
       if (input.defined() && input.requires_grad())
-        const_cast<at::Tensor&>(input).register_hook([this](const at::TensorBase&) { wait_gather(*stem_); });
+        const_cast<at::Tensor&>(input).register_hook([this](const at::TensorBase&) {
+          // Once per backward: a later input's hook may come after the stem (or its fp8
+          // sibling) finished its backward and was released — gathering it again would be waste.
+          if (stem_backward_waited_) return;
+          stem_backward_waited_ = true;
+          wait_gather(*stem_);
+        });
+    stem_backward_waited_ = false;
   }
   return outputs;
 }
@@ -394,8 +409,12 @@ void FullyShardedModule::on_grad_ready(Unit& u) {
   u.grads_ready = 0;
   // Every gradient of the unit is in: its backward is over, so the gathered weights can go,
   // and the reduction can start while the next unit's backward computes. (Only this flat
-  // buffer: its fp8 sibling, or the unit it is the sibling of, may still be computing.)
-  release_one(u);
+  // buffer: its fp8 sibling, or the unit it is the sibling of, may still be computing; the
+  // device mark waits until both are released, so that it counts units.)
+  if (release_one(u)) {
+    const Unit* partner = u.fp8_sibling ? u.fp8_sibling : u.fp8_owner;
+    if (!partner || !partner->gathered) mark_device(released_marks_, u.full.device());
+  }
   if (sync_ || options_.reduce_every_micro_batch) start_reduce(u);
 }
 
@@ -404,8 +423,8 @@ void FullyShardedModule::start_reduce(Unit& u) {
   for (const auto& p : u.params) any = any || p.grad().defined();
   if (!any || u.reduce_work) return;
   // Make room first: this unit's flat gradient is about to be allocated.
-  finish_reduces(kMaxReducesInFlight - 1);
-  wait_device_marks(reduced_marks_, kMaxReducesInFlight - 1);
+  finish_reduces(max_reduces_in_flight_ - 1);
+  wait_device_marks(reduced_marks_, max_reduces_in_flight_ - 1);
   RECORD_USER_SCOPE("fsdp.reduce_scatter");
   event("reduce_issue " + u.layout.name);
   at::NoGradGuard no_grad;
@@ -497,8 +516,9 @@ void FullyShardedModule::finish_backward() {
 void FullyShardedModule::reshard_all() {
   for (auto& u : units_) {
     if (u->gather_work) wait_gather_one(*u);  // never free a buffer a collective is writing into
-    release_one(*u);
   }
+  for (auto& u : units_)
+    if (!u->fp8_owner) release(*u);  // with its sibling
 }
 
 std::vector<std::pair<std::string, at::Tensor>> FullyShardedModule::named_shards() const {

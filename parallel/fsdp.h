@@ -170,7 +170,7 @@ class FullyShardedModule {
   // … and one flat buffer alone.
   void start_gather_one(Unit& u);
   void wait_gather_one(Unit& u);
-  void release_one(Unit& u);
+  bool release_one(Unit& u);  // true when it was gathered
   // fp8 all-gather: every fp8 unit's per-weight scales from the shards' amaxes (all-reduce MAX),
   // and the e4m3 bytes of this rank's slice that a gather sends.
   void refresh_fp8_scales();
@@ -200,7 +200,9 @@ class FullyShardedModule {
   std::deque<Unit*> reducing_;  // reduce-scatters in flight, oldest first
   std::deque<c10::Event> released_marks_, reduced_marks_;  // CUDA: see mark_device
   std::multimap<size_t, at::DataPtr> spare_buffers_;  // CPU: released gathered buffers, by bytes
-  std::vector<at::Tensor> reduce_slots_;  // CPU: kMaxReducesInFlight flat buffers of the largest unit
+  std::vector<at::Tensor> reduce_slots_;  // CPU: max_reduces_in_flight_ flat buffers of the largest unit
+  size_t max_reduces_in_flight_ = kMaxReducesInFlight;  // doubled when units have fp8 siblings
+  bool stem_backward_waited_ = false;  // block 0's input hooks have waited for the stem this backward
   size_t next_reduce_slot_ = 0;
   bool sync_ = true;
   std::vector<std::string>* events_ = nullptr;

@@ -128,7 +128,8 @@ class ShardedTrainState : public TrainState {
   }
 
   std::string first_nonfinite_gradient() override {
-    // Each rank scans its shards in forward order; the smallest index over the world wins.
+    // Each rank scans its shards in unit order (a block's fp8 all-gather weights after its other
+    // parameters); the smallest index over the world wins.
     at::NoGradGuard no_grad;
     const int64_t shard_rank = runtime_.shard_group().rank();
     const auto shards = fsdp_->named_shards();
@@ -253,9 +254,16 @@ class ShardedTrainState : public TrainState {
  private:
   bool same_units(const std::optional<ShardLayout>& theirs) const {
     if (!theirs || theirs->units.size() != layout_.units.size()) return false;
-    for (size_t i = 0; i < theirs->units.size(); ++i)
-      if (theirs->units[i].name != layout_.units[i].name || theirs->units[i].numel != layout_.units[i].numel)
-        return false;
+    // Parameter by parameter: which parameters a unit holds can depend on the run (fp8.include
+    // decides what goes to a '<unit>.fp8' sibling), and equal sizes do not mean equal places.
+    for (size_t i = 0; i < theirs->units.size(); ++i) {
+      const parallel::FsdpUnitLayout &a = theirs->units[i], &b = layout_.units[i];
+      if (a.name != b.name || a.numel != b.numel || a.params.size() != b.params.size()) return false;
+      for (size_t k = 0; k < a.params.size(); ++k)
+        if (a.params[k].name != b.params[k].name || a.params[k].offset != b.params[k].offset ||
+            a.params[k].shape != b.params[k].shape)
+          return false;
+    }
     return true;
   }
   bool is_sharded(const std::string& name) const {

@@ -170,8 +170,10 @@ Trainer::Trainer(Config config, TrainerHooks hooks) : config_(std::move(config))
   for (const std::string& line : fp8_log_lines(fp8_, config_, device_)) spdlog::info("{}", line);
   if (runtime_) {
     state_ = make_sharded_train_state(model, config_, *runtime_, std::move(fp8_gathered));
-    spdlog::info("FSDP over {} ({} backend): {} units, {:.1f} MiB of training state on this rank", runtime_->mesh().describe(),
-                 runtime_->backend(), blocks + 2, state_->state_bytes() / 1048576.0);
+    spdlog::info("FSDP over {} ({} backend): {} block units, stem and head{}, {:.1f} MiB of training state on this rank",
+                 runtime_->mesh().describe(), runtime_->backend(), blocks,
+                 config_.fp8.all_gather ? " (and their '.fp8' siblings for fp8 all-gather)" : "",
+                 state_->state_bytes() / 1048576.0);
     if (!cp_attention.empty())
       spdlog::info("context parallelism: {} tokens per sample split over {} ranks ({} per rank), {} attention{}",
                    model->tokens_per_sample(), config_.parallel.cp, model->tokens_per_sample() / config_.parallel.cp,

@@ -166,3 +166,22 @@ TEST(DistFp8, AllGatherInFp8IsRefusedForAnotherRecipeOrAnUnshardedRun) {
   EXPECT_NE(r.output.find("this run is not sharded"), std::string::npos) << r.output;
   EXPECT_FALSE(std::filesystem::exists(base + "/one_process"));  // refused before anything is written
 }
+
+TEST(DistFp8, ResumingWithOtherFp8WeightsReshardsByParameterNotByUnitSize) {
+  REQUIRE_DATA();
+  // Which weights go to a '<unit>.fp8' sibling depends on fp8.include/exclude. Excluding fc1
+  // ([256, 64]) and then fc2 ([64, 256]) leaves every unit the same size with other parameters
+  // at other offsets: the resume must see that the layout differs and re-shard by parameter
+  // name, not read its flat shards as written (which would put fc1's weights, moments and EMA
+  // where fc2's are).
+  const std::string run = scratch_dir("fp8_other_units") + "/run";
+  run_world(2, run, with({"fp8.recipe=tensorwise", "fp8.all_gather=true", "fp8.exclude=blocks.*.mlp.fc1", "train.steps=10"}));
+  run_world(2, run, with({"fp8.recipe=tensorwise", "fp8.all_gather=true", "fp8.exclude=blocks.*.mlp.fc2"}));
+  const std::string log = read_file(run + "/log.txt");
+  EXPECT_NE(log.find("re-sharding it for 2"), std::string::npos) << log;
+  const auto rows = read_metrics(run);
+  ASSERT_EQ(rows.size(), 20u);
+  // Continuity: the resumed run starts from the trained weights (a shuffled layout would throw
+  // the loss back towards its initial value).
+  EXPECT_LT(rows[10]["loss"].get<double>(), 1.25 * rows[9]["loss"].get<double>());
+}
