@@ -31,7 +31,6 @@ class RecordingLinear : public models::LinearCompute {
   at::Tensor x_, dy_;
 };
 
-double nan_if_infinite(double v) { return std::isfinite(v) ? v : std::numeric_limits<double>::quiet_NaN(); }
 // SQNR against a reference; a zero reference (an untrained adaLN-Zero block passes no
 // gradient) has no meaningful ratio: NaN.
 double sqnr_or_nan(const at::Tensor& ref, const at::Tensor& test) {

@@ -17,10 +17,10 @@ namespace flowtrain::models::fp8 {
 struct GemmOperand {
   at::Tensor value;
   OperandCast cast;
-  at::Tensor scale;
+  at::Tensor scale{};
   // Set when the operand arrives already cast (FSDP's fp8 all-gather; tensor scaling only): used
   // as is, and `value` is read for its device only.
-  Quantized cast_value;
+  Quantized cast_value{};
 };
 
 // The operand as the GEMM sees it (fp8 data + inverse scales); cast.fp8 must be true.

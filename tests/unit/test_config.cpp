@@ -645,7 +645,9 @@ TEST(ConfigTest, EveryShippedConfigLoadsAndValidates) {
       SCOPED_TRACE(entry.path().string());
       flowtrain::trainer::Config c;
       EXPECT_NO_THROW(c = flowtrain::trainer::load_config(entry.path().string()));
-      if (c.model.frames > 1 && c.data.source == "shards") EXPECT_EQ(c.data.video_frames, c.model.frames);
+      if (c.model.frames > 1 && c.data.source == "shards") {
+        EXPECT_EQ(c.data.video_frames, c.model.frames);
+      }
       ++checked;
     }
   }
