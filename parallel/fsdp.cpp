@@ -40,6 +40,12 @@ struct FullyShardedModule::Unit {
   Unit* fp8_owner = nullptr;    // on the sibling: that unit
 };
 
+ShardPart shard_part(const FsdpUnitLayout& unit, const FsdpParamLayout& param, int64_t rank) {
+  const int64_t first = rank * unit.shard_numel;
+  const int64_t begin = std::max(first, param.offset), stop = std::min(first + unit.shard_numel, param.offset + param.numel);
+  return begin < stop ? ShardPart{begin - first, stop - begin} : ShardPart{};
+}
+
 ReductionFault reduction_fault_from_env() {
   const char* v = std::getenv("FLOWTRAIN_FAULT_REDUCTION");
   if (!v || !*v) return ReductionFault::None;
@@ -298,11 +304,10 @@ void FullyShardedModule::refresh_fp8_scales() {
   std::vector<at::Tensor> amaxes;
   for (const auto& u : units_) {
     if (!u->fp8) continue;
-    const int64_t first = shard_.rank() * u->layout.shard_numel, end = first + u->layout.shard_numel;
     for (const auto& p : u->layout.params) {
-      const int64_t begin = std::max(first, p.offset), stop = std::min(end, p.offset + p.numel);
-      amaxes.push_back(begin < stop ? models::fp8::abs_max(u->shard.detach().narrow(0, begin - first, stop - begin))
-                                    : at::zeros({}, u->shard.options().requires_grad(false)));
+      const ShardPart part = shard_part(u->layout, p, shard_.rank());
+      amaxes.push_back(part.count > 0 ? models::fp8::abs_max(u->shard.detach().narrow(0, part.begin, part.count))
+                                      : at::zeros({}, u->shard.options().requires_grad(false)));
     }
   }
   if (amaxes.empty()) return;
@@ -322,19 +327,17 @@ void FullyShardedModule::refresh_fp8_scales() {
 
 at::Tensor FullyShardedModule::fp8_gather_input(const Unit& u) const {
   TORCH_CHECK(u.fp8_scales.defined(), "FSDP fp8 all-gather: ", u.layout.name, " gathered before begin_forward");
-  const int64_t first = shard_.rank() * u.layout.shard_numel, end = first + u.layout.shard_numel;
   const at::Tensor shard = u.shard.detach();
   at::Tensor out = at::zeros({u.layout.shard_numel}, shard.options().dtype(at::kByte));  // padding: +0
   for (size_t k = 0; k < u.layout.params.size(); ++k) {
-    const FsdpParamLayout& p = u.layout.params[k];
-    const int64_t begin = std::max(first, p.offset), stop = std::min(end, p.offset + p.numel);
-    if (begin >= stop) continue;
+    const ShardPart part = shard_part(u.layout, u.layout.params[k], shard_.rank());
+    if (part.count == 0) continue;
     // The cast the linear would apply to the gathered weight (quantize_tensor: saturating, RNE),
     // element by element, so the bytes are those of the unsharded weight's cast.
-    const at::Tensor slice = shard.narrow(0, begin - first, stop - begin).view({1, -1});
+    const at::Tensor slice = shard.narrow(0, part.begin, part.count).view({1, -1});
     const models::fp8::Quantized q =
         models::fp8::quantize_tensor(slice, models::fp8::Format::e4m3, u.fp8_scales[static_cast<int64_t>(k)]);
-    out.narrow(0, begin - first, stop - begin).copy_(q.data.view(at::kByte).view({-1}));
+    out.narrow(0, part.begin, part.count).copy_(q.data.view(at::kByte).view({-1}));
   }
   return out;
 }

@@ -98,6 +98,14 @@ struct FsdpUnitLayout {
   std::vector<FsdpParamLayout> params;
 };
 
+// The elements of parameter `param` that shard `rank` of `unit` holds: [begin, begin + count) of
+// that shard, the parameter's elements [begin + rank·shard_numel − offset, …); count is 0 when
+// the shard misses the parameter.
+struct ShardPart {
+  int64_t begin = 0, count = 0;
+};
+ShardPart shard_part(const FsdpUnitLayout& unit, const FsdpParamLayout& param, int64_t rank);
+
 class FullyShardedModule {
  public:
   // Flat gradient buffers (one unit's unsharded gradient each) alive at once during backward.

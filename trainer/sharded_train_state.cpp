@@ -111,12 +111,11 @@ class ShardedTrainState : public TrainState {
     for (size_t u = 0; u < layout_.units.size(); ++u) {
       const parallel::FsdpUnitLayout& unit = layout_.units[u];
       const at::Tensor& t = tensors.at(u);
-      const int64_t begin = shard_rank * unit.shard_numel, end = begin + unit.shard_numel;
       for (const auto& p : unit.params) {
         out.emplace_back(p.name, 0.0);
-        const int64_t lo = std::max(begin, p.offset), hi = std::min(end, p.offset + p.numel);
-        sums.push_back(t.defined() && lo < hi ? t.narrow(0, lo - begin, hi - lo).to(at::kFloat).pow(2).sum()
-                                              : at::zeros({}, tensors.front().options().dtype(at::kFloat)));
+        const parallel::ShardPart part = parallel::shard_part(unit, p, shard_rank);
+        sums.push_back(t.defined() && part.count > 0 ? t.narrow(0, part.begin, part.count).to(at::kFloat).pow(2).sum()
+                                                     : at::zeros({}, tensors.front().options().dtype(at::kFloat)));
       }
     }
     at::Tensor all = at::stack(sums);
@@ -138,12 +137,11 @@ class ShardedTrainState : public TrainState {
     for (size_t u = 0; u < layout_.units.size() && u < shards.size(); ++u) {
       const parallel::FsdpUnitLayout& unit = layout_.units[u];
       const at::Tensor& grad = shards[u].second.grad();
-      const int64_t begin = shard_rank * unit.shard_numel, end = begin + unit.shard_numel;
       for (const auto& p : unit.params) {
         names.push_back(p.name);
-        const int64_t lo = std::max(begin, p.offset), hi = std::min(end, p.offset + p.numel);
-        if (found == std::numeric_limits<int64_t>::max() && grad.defined() && lo < hi &&
-            !at::isfinite(grad.narrow(0, lo - begin, hi - lo)).all().item<bool>())
+        const parallel::ShardPart part = parallel::shard_part(unit, p, shard_rank);
+        if (found == std::numeric_limits<int64_t>::max() && grad.defined() && part.count > 0 &&
+            !at::isfinite(grad.narrow(0, part.begin, part.count)).all().item<bool>())
           found = index;
         ++index;
       }

@@ -145,12 +145,8 @@ double held_out_loss(models::DiffusionModel& model, const RowConditioning& condi
   const at::Tensor images =
       context.test.images.index_select(0, class_matched_subset(context.test, n, kTestSubsetSeed, "test"));
   lock.unlock();
-  const auto start = std::chrono::steady_clock::now();
-  const double loss =
-      validation_loss(model, images, conditioning(at::arange(n, at::kLong)), c, device, static_cast<uint64_t>(c.eval.seed));
-  spdlog::info("eval: held-out flow-matching loss {:.6f} on {} test images ({:.1f} s)", loss, n,
-               std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
-  return loss;
+  return validation_loss(model, images, conditioning(at::arange(n, at::kLong)), c, device,
+                         static_cast<uint64_t>(c.eval.seed), "test images");
 }
 
 }  // namespace

@@ -16,7 +16,6 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -236,13 +235,8 @@ double prompt_held_out_loss(models::DiffusionModel& model, const RowConditioning
   std::unique_lock<std::mutex> lock(g_mutex);
   const at::Tensor canvases = context_for(config.data.path, config.eval.classifier_dir, device).real_eval;
   lock.unlock();
-  const int64_t n = canvases.size(0);
-  const auto start = std::chrono::steady_clock::now();
-  const double loss = validation_loss(model, canvases, eval_rows(at::arange(n, at::kLong)), config, device,
-                                      static_cast<uint64_t>(config.eval.seed));
-  spdlog::info("eval: held-out flow-matching loss {:.6f} on the {} evaluation canvases ({:.1f} s)", loss, n,
-               std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
-  return loss;
+  return validation_loss(model, canvases, eval_rows(at::arange(canvases.size(0), at::kLong)), config, device,
+                         static_cast<uint64_t>(config.eval.seed), "evaluation canvases");
 }
 
 PromptFollowingReport evaluate_prompt_following_checkpoint(const Config& config, const std::string& checkpoint_dir,

@@ -6,8 +6,10 @@
 #include "trainer/builders.h"
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <chrono>
 
 namespace flowtrain::trainer {
 
@@ -17,9 +19,10 @@ constexpr int64_t kBatch = 250;  // rows per forward: bounds memory on small GPU
 
 double validation_loss(models::DiffusionModel& model, const at::Tensor& images_u8,
                        const models::Conditioning& conditioning, const Config& config, const c10::Device& device,
-                       uint64_t seed) {
+                       uint64_t seed, const std::string& what) {
   const int64_t n = images_u8.size(0);
   TORCH_CHECK(n > 0, "validation_loss: no images");
+  const auto start = std::chrono::steady_clock::now();
   const at::Tensor x0_all = data::model_input_images(images_u8, config.model.image_size);
   // Every draw up front on the CPU, so neither the device nor the batching changes them.
   at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(seed);
@@ -47,7 +50,10 @@ double validation_loss(models::DiffusionModel& model, const at::Tensor& images_u
     }
   }
   model.train(was_training);
-  return sum / static_cast<double>(n);
+  const double loss = sum / static_cast<double>(n);
+  spdlog::info("eval: held-out flow-matching loss {:.6f} on {} {} ({:.1f} s)", loss, n, what,
+               std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  return loss;
 }
 
 }  // namespace flowtrain::trainer

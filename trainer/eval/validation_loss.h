@@ -12,6 +12,8 @@
 #include <ATen/ATen.h>
 #include <c10/core/Device.h>
 
+#include <string>
+
 namespace flowtrain::trainer {
 
 // mean((v(x_t, t) − (ε − x0))²) over rows and elements of x0 = `images_u8` ([N, C, H, W]
@@ -19,9 +21,10 @@ namespace flowtrain::trainer {
 // (N rows, no dropout), with t_i = (i + 0.5) / N through the run's time shift and ε drawn from
 // `seed`. `model` as it is (eval mode and no-grad set here, its mode restored; under autocast
 // when train.precision is bf16, as training's forward). Batched; the result does not depend on
-// the batching beyond fp32 summation order.
+// the batching beyond fp32 summation order. Logs the result and its time, naming the images
+// `what` ("test images").
 double validation_loss(models::DiffusionModel& model, const at::Tensor& images_u8,
                        const models::Conditioning& conditioning, const Config& config, const c10::Device& device,
-                       uint64_t seed);
+                       uint64_t seed, const std::string& what = "held-out images");
 
 }  // namespace flowtrain::trainer
