@@ -199,8 +199,9 @@ int main(int argc, char** argv) {
       report("rowwise_cast_to_fp8", "forward", shape, kBf16 * mk + mk + kF32 * M,
              [&] { fused::rowwise_cast_to_fp8(x, at::kFloat8_e4m3fn); },
              [&] { ref::rowwise_cast_to_fp8(x, at::kFloat8_e4m3fn); });
-      report("mx_block_cast_to_fp8", "forward", shape, kBf16 * mk + mk + mk / 32,
-             [&] { fused::mx_block_cast_to_fp8(x); }, [&] { ref::mx_block_cast_to_fp8(x); });
+      for (const ref::MxExponent rule : {ref::MxExponent::floor, ref::MxExponent::rceil})
+        report(std::string("mx_cast_fp8 ") + ref::name(rule), "forward", shape, kBf16 * mk + mk + mk / 32,
+               [&] { fused::mx_block_cast_to_fp8(x, rule); }, [&] { ref::mx_block_cast_to_fp8(x, rule); });
     }
 
     std::printf("\n%-22s %-8s %-18s %9s %9s %7s %9s %7s\n", "kernel", "pass", "shape", "fused ms", "ATen ms",

@@ -29,10 +29,10 @@ fp8::Fp8Options fp8_options(const Config& config, const c10::Device& device) {
   const int cc = props->major * 10 + props->minor;
   const std::string where = fmt::format("{} is {} (compute capability {}.{})", device.str(), props->name,
                                         props->major, props->minor);
-  if (o.recipe == fp8::Recipe::mxfp8)
-    throw ConfigError(fmt::format("'fp8.recipe' mxfp8: block-scaled MX GEMMs are Blackwell hardware and this build "
+  if (fp8::block_scaled(o.recipe))
+    throw ConfigError(fmt::format("'fp8.recipe' {}: block-scaled MX GEMMs are Blackwell hardware and this build "
                                   "does not call them; {}. Set 'fp8.emulate: true' to train with emulated MX numerics",
-                                  where));
+                                  c.recipe, where));
   if (cc < kFp8MinComputeCapability)
     throw ConfigError(fmt::format("'fp8.recipe' {} needs fp8 tensor cores (compute capability >= 8.9); {}. Set "
                                   "'fp8.emulate: true' to emulate",

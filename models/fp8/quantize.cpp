@@ -62,13 +62,13 @@ Quantized quantize_rows(const at::Tensor& x, Format format) {
   return {data, inv_scale, format, Scaling::row};
 }
 
-Quantized quantize_blocks(const at::Tensor& x) {
+Quantized quantize_blocks(const at::Tensor& x, MxExponent rule) {
   check_2d(x, "quantize_blocks");
   if (x.size(1) % kMxBlock != 0)
     throw std::invalid_argument("fp8 quantize_blocks: the contracted dim " + std::to_string(x.size(1)) +
                                 " is not a multiple of 32");
-  auto [data, exponents] = cuda_fused::supports_mx_block_cast_to_fp8(x) ? cuda_fused::mx_block_cast_to_fp8(x)
-                                                                       : fp8_reference::mx_block_cast_to_fp8(x);
+  auto [data, exponents] = cuda_fused::supports_mx_block_cast_to_fp8(x) ? cuda_fused::mx_block_cast_to_fp8(x, rule)
+                                                                       : fp8_reference::mx_block_cast_to_fp8(x, rule);
   return {data, fp8_reference::e8m0_to_float(exponents), Format::e4m3, Scaling::block32};
 }
 

@@ -7,6 +7,8 @@
 // a transposed copy (scaled_gemm.h says which).
 #pragma once
 
+#include "models/kernels/fp8_cast_reference.h"
+
 #include <ATen/ATen.h>
 
 #include <string>
@@ -25,6 +27,8 @@ enum class Scaling {
 };
 const char* name(Scaling scaling);
 constexpr int64_t kMxBlock = 32;
+// block32's shared-exponent rule: the OCP floor or NVIDIA's round-up (fp8_cast_reference.h).
+using MxExponent = fp8_reference::MxExponent;
 
 struct Quantized {
   at::Tensor data;       // fp8, the source's shape [M, K]
@@ -52,8 +56,9 @@ Quantized quantize_tensor(const at::Tensor& x, Format format, const at::Tensor& 
 // is exact and the scale itself adds no rounding. All-zero rows get scale 1.
 Quantized quantize_rows(const at::Tensor& x, Format format);
 // x [M, K], K % 32 == 0: OCP MX e4m3 blocks — shared exponent floor(log2(amax_block)) − 8
-// (8 = e4m3's largest exponent), clamped to e8m0's [−127, 127], elements x / 2^exp saturated.
-Quantized quantize_blocks(const at::Tensor& x);
+// (8 = e4m3's largest exponent) or, with rceil, ceil(log2(amax_block / 448)), clamped to e8m0's
+// [−127, 127], elements x / 2^exp saturated.
+Quantized quantize_blocks(const at::Tensor& x, MxExponent rule = MxExponent::floor);
 
 // What a cast lost, measured on the source x and its quantisation q: the fraction of elements
 // that were clipped (|x·scale| > max_finite) and of non-zero elements flushed to zero.

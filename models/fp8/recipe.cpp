@@ -5,8 +5,8 @@
 namespace flowtrain::models::fp8 {
 
 namespace {
-constexpr Recipe kAll[] = {Recipe::none,          Recipe::tensorwise, Recipe::rowwise,
-                           Recipe::rowwise_gw_hp, Recipe::delayed,    Recipe::mxfp8};
+constexpr Recipe kAll[] = {Recipe::none,    Recipe::tensorwise, Recipe::rowwise,    Recipe::rowwise_gw_hp,
+                           Recipe::delayed, Recipe::mxfp8,      Recipe::mxfp8_rceil};
 }
 
 const char* name(Recipe recipe) {
@@ -17,9 +17,12 @@ const char* name(Recipe recipe) {
     case Recipe::rowwise_gw_hp: return "rowwise_gw_hp";
     case Recipe::delayed: return "delayed";
     case Recipe::mxfp8: return "mxfp8";
+    case Recipe::mxfp8_rceil: return "mxfp8_rceil";
   }
   return "?";
 }
+
+bool block_scaled(Recipe recipe) { return recipe == Recipe::mxfp8 || recipe == Recipe::mxfp8_rceil; }
 
 std::vector<std::string> recipe_names() {
   std::vector<std::string> names;
@@ -39,7 +42,8 @@ RecipePlan plan(Recipe recipe) {
   const OperandCast e4m3_tensor{true, Format::e4m3, Scaling::tensor};
   const OperandCast e5m2_tensor{true, Format::e5m2, Scaling::tensor};
   const OperandCast e4m3_row{true, Format::e4m3, Scaling::row};
-  const OperandCast e4m3_block{true, Format::e4m3, Scaling::block32};
+  const OperandCast e4m3_block{true, Format::e4m3, Scaling::block32, MxExponent::floor};
+  const OperandCast e4m3_block_rceil{true, Format::e4m3, Scaling::block32, MxExponent::rceil};
   const OperandCast bf16{false, Format::e4m3, Scaling::tensor};
   switch (recipe) {
     case Recipe::tensorwise:
@@ -52,6 +56,9 @@ RecipePlan plan(Recipe recipe) {
       return {{e4m3_row, e4m3_row, true}, {e4m3_row, e4m3_row}, {bf16, bf16}};
     case Recipe::mxfp8:
       return {{e4m3_block, e4m3_block}, {e4m3_block, e4m3_block}, {e4m3_block, e4m3_block}};
+    case Recipe::mxfp8_rceil:
+      return {{e4m3_block_rceil, e4m3_block_rceil}, {e4m3_block_rceil, e4m3_block_rceil},
+              {e4m3_block_rceil, e4m3_block_rceil}};
     case Recipe::none: break;
   }
   throw std::invalid_argument("fp8::plan: recipe none has no fp8 GEMMs");

@@ -18,9 +18,11 @@ enum class Recipe {
   rowwise_gw_hp,  // rowwise, with the weight-gradient GEMM in bf16
   delayed,        // tensorwise with scales from an amax history (Transformer Engine's default)
   mxfp8,          // 1×32 blocks with e8m0 scales, all e4m3 (Blackwell's MX format; emulated here)
+  mxfp8_rceil,    // mxfp8 with each block's scale rounded up (NVIDIA's rule): no element saturates
 };
 Recipe parse_recipe(const std::string& text);  // throws std::invalid_argument listing the choices
 const char* name(Recipe recipe);
+bool block_scaled(Recipe recipe);  // an MX recipe: its GEMMs need Blackwell's block-scaled fp8
 std::vector<std::string> recipe_names();
 
 // One operand's cast; fp8 == false keeps it in bf16 (a bf16 GEMM, fp32 accumulation).
@@ -28,6 +30,7 @@ struct OperandCast {
   bool fp8 = true;
   Format format = Format::e4m3;
   Scaling scaling = Scaling::tensor;
+  MxExponent mx_exponent = MxExponent::floor;  // block32 only
 };
 struct GemmPlan {
   OperandCast a, b;

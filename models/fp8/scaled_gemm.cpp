@@ -30,7 +30,7 @@ Quantized quantize(const at::Tensor& value, const OperandCast& cast, const at::T
     case Scaling::tensor:
       return quantize_tensor(value, cast.format, scale.defined() ? scale : tensor_scale(abs_max(value), cast.format));
     case Scaling::row: return quantize_rows(value, cast.format);
-    case Scaling::block32: return quantize_blocks(value);
+    case Scaling::block32: return quantize_blocks(value, cast.mx_exponent);
   }
   throw std::invalid_argument("fp8::quantize: unknown scaling");
 }

@@ -19,6 +19,19 @@ at::Tensor biased_exponent(const at::Tensor& v) {
   return at::bitwise_and(at::bitwise_right_shift(v.contiguous().view(at::kInt), 23), 0xff);
 }
 
+// ceil(log2(q)) for fp32 q ≥ 0 from its bits, kept ≥ −127 (the clamp every caller applies):
+// a normal q is 2^(E−127)·1.m, so E − 127 plus one unless the mantissa is zero; a subnormal
+// q = m·2^−149 is above 2^−127 (ceil −126) exactly when m > 2^22; 0 gives −127. NaN / inf
+// give 129 / 128 (the callers clamp to 127).
+at::Tensor ceil_log2(const at::Tensor& q) {
+  const at::Tensor bits = q.contiguous().view(at::kInt);
+  const at::Tensor e = at::bitwise_and(at::bitwise_right_shift(bits, 23), 0xff);
+  const at::Tensor m = at::bitwise_and(bits, 0x7fffff);
+  const at::Tensor normal = e - 127 + (m != 0).to(at::kInt);
+  const at::Tensor subnormal = at::where(m > (1 << 22), -126, -127).to(at::kInt);
+  return at::where(e == 0, subnormal, normal);
+}
+
 at::Tensor saturate(const at::Tensor& scaled, at::ScalarType fp8_dtype) {
   const double m = max_finite(fp8_dtype);
   return scaled.clamp(-m, m).to(fp8_dtype);
@@ -61,13 +74,16 @@ std::pair<at::Tensor, at::Tensor> rowwise_cast_to_fp8(const at::Tensor& x, at::S
   return {saturate(xf * scale, fp8_dtype), inv_scale};
 }
 
-std::pair<at::Tensor, at::Tensor> mx_block_cast_to_fp8(const at::Tensor& x) {
+const char* name(MxExponent rule) { return rule == MxExponent::floor ? "floor" : "rceil"; }
+
+std::pair<at::Tensor, at::Tensor> mx_block_cast_to_fp8(const at::Tensor& x, MxExponent rule) {
   check_2d(x, "mx_block_cast_to_fp8");
   const int64_t M = x.size(0), K = x.size(1);
   TORCH_CHECK(K % kMxBlock == 0, "fp8_reference::mx_block_cast_to_fp8: K = ", K, " is not a multiple of 32");
   const at::Tensor blocks = x.to(at::kFloat).reshape({M, K / kMxBlock, kMxBlock});
   const at::Tensor a = blocks.abs().amax(2);  // [M, K/32]
-  const at::Tensor shared_exp = (biased_exponent(a) - 127 - kE4m3MaxExponent).clamp(-127, 127);
+  const at::Tensor shared_exp =
+      (rule == MxExponent::floor ? biased_exponent(a) - 127 - kE4m3MaxExponent : ceil_log2(a / 448.0f)).clamp(-127, 127);
   // 2^−shared_exp: shared_exp ≤ 255 − 135 = 120, so a normal float
   const at::Tensor data = saturate(blocks * pow2(-shared_exp).unsqueeze(2), at::kFloat8_e4m3fn).reshape({M, K});
   return {data, (shared_exp + 127).to(at::kByte)};

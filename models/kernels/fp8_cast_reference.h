@@ -29,12 +29,22 @@ at::Tensor cast_to_fp8(const at::Tensor& x, const at::Tensor& scale, at::ScalarT
 // finite element saturates (a·scale ≤ max_finite).
 std::pair<at::Tensor, at::Tensor> rowwise_cast_to_fp8(const at::Tensor& x, at::ScalarType fp8_dtype);
 
+// How an MX block's shared exponent follows from its amax a (e4m3 elements, max 448 = 1.75·2^8):
+//   floor  OCP MX v1.0: floor(log2(a)) − 8. A block whose amax mantissa exceeds 1.75 lands above
+//          448, so its largest elements saturate (0.7–2.7 % of a trained model's elements).
+//   rceil  NVIDIA's choice (cuBLAS block quantisation, Blackwell's cvt.rp…ue8m0): the fp32
+//          quotient q = a / 448 rounded up to a power of two, ceil(log2(q)) — the smallest scale
+//          that keeps the whole block ≤ 448, so nothing saturates (up to the one rounding of q),
+//          at the cost of one binade of resolution for blocks floor would have clipped.
+enum class MxExponent { floor, rceil };
+const char* name(MxExponent rule);
+
 // OCP MX (e4m3 elements, e8m0 scales): x [M, K], K % 32 == 0 → (e4m3 [M, K], exponents uint8
-// [M, K/32]). Per 32 consecutive elements of a row with a = max|block|: shared_exp =
-// floor(log2(a)) − 8 (8 = e4m3's largest exponent) clamped to [−127, 127] (a = 0, or subnormal,
-// gives −127: zeros stay zero), elements saturate(x · 2^−shared_exp), stored exponent
-// shared_exp + 127 (e8m0's bias; x ≈ element · 2^(stored − 127)).
-std::pair<at::Tensor, at::Tensor> mx_block_cast_to_fp8(const at::Tensor& x);
+// [M, K/32]). Per 32 consecutive elements of a row with a = max|block|: shared_exp by `rule`
+// (above) clamped to [−127, 127] (a = 0, or tiny, gives −127: zeros stay zero), elements
+// saturate(x · 2^−shared_exp), stored exponent shared_exp + 127 (e8m0's bias; x ≈ element ·
+// 2^(stored − 127)).
+std::pair<at::Tensor, at::Tensor> mx_block_cast_to_fp8(const at::Tensor& x, MxExponent rule = MxExponent::floor);
 
 // The values back in fp32: data · inv_scale (rowwise), element · 2^(exponent − 127) per block (MX).
 at::Tensor dequantize_rowwise(const at::Tensor& data, const at::Tensor& inv_scale);

@@ -64,11 +64,11 @@ TEST(Fp8Cli, NumericsReportsEveryConvertedLayerOfACheckpoint) {
   ASSERT_EQ(train_tiny(run, {"train.steps=20"}).exit_code, 0);
   const std::string json = run + "/numerics.json";
   auto r = run_flowtrain("numerics -c " + run + "/config.yaml --checkpoint " + ckpt(run, 20) +
-                         " --recipe tensorwise --recipe mxfp8 --json " + json);
+                         " --recipe tensorwise --recipe mxfp8 --recipe mxfp8_rceil --json " + json);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("whole model: loss"), std::string::npos) << r.output;
   const nlohmann::json j = nlohmann::json::parse(read_file(json));
-  for (const char* recipe : {"tensorwise", "mxfp8"}) {
+  for (const char* recipe : {"tensorwise", "mxfp8", "mxfp8_rceil"}) {
     SCOPED_TRACE(recipe);
     const auto& rec = j["recipes"][recipe];
     ASSERT_EQ(rec["layers"].size(), 8u);
@@ -86,8 +86,10 @@ TEST(Fp8Cli, NumericsReportsEveryConvertedLayerOfACheckpoint) {
     EXPECT_LT(rec["loss_rel_diff"].get<double>(), 0.01);
     EXPECT_LT(rec["grad_norm_rel_diff"].get<double>(), 0.1);
   }
-  // Tensor scaling puts each tensor's amax on 448: nothing is clipped.
-  for (const auto& layer : j["recipes"]["tensorwise"]["layers"]) EXPECT_EQ(layer["saturated"].get<double>(), 0) << layer;
+  // Tensor scaling puts each tensor's amax on 448, and MX scales rounded up keep every block
+  // at or under it: nothing is clipped.
+  for (const char* recipe : {"tensorwise", "mxfp8_rceil"})
+    for (const auto& layer : j["recipes"][recipe]["layers"]) EXPECT_EQ(layer["saturated"].get<double>(), 0) << layer;
 
   auto bad = run_flowtrain("numerics -c " + run + "/config.yaml --checkpoint " + ckpt(run, 20) +
                            " --set fp8.include=nothing.*");

@@ -315,17 +315,23 @@ TEST(CudaFused, Fp8MxBlockCastIsBitExact) {
   struct Case {
     int64_t M, K;
   };
+  for (const ref::MxExponent rule : {ref::MxExponent::floor, ref::MxExponent::rceil})
   for (const at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
     for (const Case c : {Case{3, 96}, Case{4, 4096}}) {
       for (const bool aligned : {true, false}) {
-        SCOPED_TRACE(name(dtype) + " " + std::to_string(c.M) + "x" + std::to_string(c.K) + (aligned ? "" : " misaligned"));
+        SCOPED_TRACE(std::string(ref::name(rule)) + " " + name(dtype) + " " + std::to_string(c.M) + "x" +
+                     std::to_string(c.K) + (aligned ? "" : " misaligned"));
         at::manual_seed(7);
         at::Tensor x = with_outliers(c.M, c.K) * 3;
         x[1].narrow(0, 32, 32).zero_();  // one all-zero block
+        // blocks whose amax / 448 is subnormal (at and above 2^−127) and an exact power of two
+        x[2].narrow(0, 0, 32).fill_(std::ldexp(448.0f, -130));
+        x[2].narrow(0, 32, 32).fill_(std::ldexp(1.5f * 448.0f, -127));
+        x[2].narrow(0, 64, 32).fill_(56.0f);
         x = x.to(dtype);
         poison({c.M * c.K, c.M * c.K / 32});
-        const auto [y, e] = fused::mx_block_cast_to_fp8(aligned ? x.cuda() : misaligned_cuda(x));
-        const auto [want_y, want_e] = ref::mx_block_cast_to_fp8(x);
+        const auto [y, e] = fused::mx_block_cast_to_fp8(aligned ? x.cuda() : misaligned_cuda(x), rule);
+        const auto [want_y, want_e] = ref::mx_block_cast_to_fp8(x, rule);
         EXPECT_EQ(y.scalar_type(), at::kFloat8_e4m3fn);
         EXPECT_TRUE(bytes_equal(y, want_y));
         EXPECT_TRUE(bytes_equal(e, want_e));

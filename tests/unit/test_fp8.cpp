@@ -32,7 +32,8 @@ at::Tensor with_outliers(std::vector<int64_t> shape, uint64_t seed) {
   return at::where(mask, x * 30, x);
 }
 
-const Recipe kRecipes[] = {Recipe::tensorwise, Recipe::rowwise, Recipe::rowwise_gw_hp, Recipe::delayed, Recipe::mxfp8};
+const Recipe kRecipes[] = {Recipe::tensorwise, Recipe::rowwise, Recipe::rowwise_gw_hp,
+                           Recipe::delayed,    Recipe::mxfp8,   Recipe::mxfp8_rceil};
 
 struct LinearResult {
   at::Tensor y, grad_x, grad_w, grad_b;
@@ -123,7 +124,7 @@ TEST(Fp8, EveryRecipesLinearMeetsTorchaosThresholdsAgainstFloat64) {
     const LinearResult got = run_linear(&compute, x, w, b, dy);
     SCOPED_TRACE(name(r));
     EXPECT_EQ(got.y.scalar_type(), at::kFloat);
-    EXPECT_GE(sqnr_db(ref.y, got.y), r == Recipe::mxfp8 ? 26 : 18);
+    EXPECT_GE(sqnr_db(ref.y, got.y), block_scaled(r) ? 26 : 18);
     EXPECT_GE(sqnr_db(ref.grad_x, got.grad_x), 18);
     EXPECT_GE(sqnr_db(ref.grad_w, got.grad_w), 17);
     EXPECT_GE(sqnr_db(ref.grad_b, got.grad_b), 60);  // the bias gradient is a plain fp32 sum
@@ -370,7 +371,7 @@ TEST(Fp8, APrecastWeightGivesTheSameResultsAsCastingTheWeightAndItsDataIsNeverRe
 
   // Scales along the contracted axis (rowwise, MX) or from a history (delayed) cannot travel
   // with the gathered bytes.
-  for (Recipe r : {Recipe::rowwise, Recipe::rowwise_gw_hp, Recipe::delayed, Recipe::mxfp8}) {
+  for (Recipe r : {Recipe::rowwise, Recipe::rowwise_gw_hp, Recipe::delayed, Recipe::mxfp8, Recipe::mxfp8_rceil}) {
     Fp8Linear other(r, true);
     EXPECT_THROW(other.gather_weight_in_fp8(), std::invalid_argument) << name(r);
   }

@@ -132,6 +132,61 @@ TEST(Fp8CastReference, MxExponentsOfKnownBlocks) {
   EXPECT_THROW(ref::mx_block_cast_to_fp8(at::zeros({2, 40})), c10::Error);
 }
 
+TEST(Fp8CastReference, MxRceilExponentsOfKnownBlocks) {
+  // shared_exp = ceil(log2(amax / 448)); per block of row 0: amax 3, 500 (floor saturates it),
+  // 448 / 8 = 56 (a quotient exactly 2^−3), 0; row 1: 448·2^−130 and 1.5·448·2^−127, whose
+  // quotients are subnormal floats at and above 2^−127, and 449.
+  at::Tensor x = at::zeros({2, 128});
+  x[0][0] = 3.0f;
+  x[0][32] = -500.0f;
+  x[0][33] = 1.0f;
+  x[0][64] = 56.0f;
+  x[1][0] = std::ldexp(448.0f, -130);
+  x[1][32] = std::ldexp(1.5f * 448.0f, -127);
+  x[1][64] = 449.0f;
+  const auto [y, e] = ref::mx_block_cast_to_fp8(x, ref::MxExponent::rceil);
+  // stored = shared_exp + 127: −7, 1, −3, and −127 for the zero block; −127 (q = 2^−130: below the
+  // clamp), −126 (q = 1.5·2^−127), 1 (449 / 448 rounds up to 2), and the last zero block
+  EXPECT_EQ(to_vector(e), (std::vector<float>{120, 128, 124, 0, 0, 1, 128, 0}));
+  const std::vector<float> v = to_vector(y);
+  EXPECT_EQ(v[0], 384.0f);   // 3 · 2^7, as floor gives
+  EXPECT_EQ(v[32], -256.0f);  // −500 / 2 = −250 rounds to −256 (e4m3's step is 16 there): not clipped to −448
+  EXPECT_EQ(v[33], 0.5f);
+  EXPECT_EQ(v[64], 448.0f);   // an exact power-of-two quotient lands on 448, not 224
+  EXPECT_EQ(v[128], 448.0f * 0.125f);  // 448·2^−130 · 2^127
+  EXPECT_EQ(v[128 + 32], 320.0f);  // 1.5·448 / 2 = 336, halfway between 320 and 352: to the even mantissa
+  EXPECT_EQ(v[128 + 64], 224.0f);  // 449 / 2 = 224.5 → 224 (step 16)
+  const auto [fy, fe] = ref::mx_block_cast_to_fp8(x, ref::MxExponent::floor);
+  EXPECT_EQ(to_vector(fy)[32], -448.0f);  // the OCP rule clips the same block
+}
+
+// The rule against float64 on blocks spread over 2^±40: the exponent is ceil(log2(q)) of the
+// fp32 quotient q = amax / 448, and it is the smallest that saturates nothing — with exponent − 1
+// the amax would exceed 448 (up to q's one rounding, which the comparison uses too).
+TEST(Fp8CastReference, MxRceilIsTheSmallestExponentThatSaturatesNothing) {
+  at::manual_seed(3);
+  const int64_t M = 64, K = 32 * 64;
+  const at::Tensor magnitude = at::randint(-40, 41, {M, K / 32, 1}).to(at::kFloat).exp2();
+  const at::Tensor x = (with_outliers(M, K).reshape({M, K / 32, 32}) * magnitude).reshape({M, K});
+  const auto [y, e] = ref::mx_block_cast_to_fp8(x, ref::MxExponent::rceil);
+  const at::Tensor a = x.abs().reshape({M, K / 32, 32}).amax(2).contiguous();
+  const float* amax = a.data_ptr<float>();
+  const at::Tensor stored = e.to(at::kInt).contiguous();
+  const int* got = stored.data_ptr<int>();
+  int64_t checked = 0;
+  for (int64_t i = 0; i < a.numel(); ++i) {
+    const float q = amax[i] / 448.0f;  // one correctly rounded fp32 division
+    const int want = int(std::ceil(std::log2(double(q))));  // q is a normal float here: log2 in doubles is exact enough
+    ASSERT_EQ(got[i] - 127, want) << "block " << i << " amax " << amax[i];
+    EXPECT_LE(double(amax[i]) * std::ldexp(1.0, -want), 448.0 * (1 + std::ldexp(1.0, -23)));
+    EXPECT_GT(double(q) * std::ldexp(1.0, -(want - 1)), 1.0);  // one binade less would clip
+    ++checked;
+  }
+  EXPECT_EQ(checked, M * K / 32);
+  // and the elements are x·2^−e rounded, never clamped: the round trip is as good as e4m3 allows
+  EXPECT_GE(sqnr_db(x, ref::dequantize_mx(y, e)), 25.0);
+}
+
 TEST(Fp8CastReference, RoundTripSqnrOnRandnWithOutliers) {
   const at::Tensor x = with_outliers(64, 256);
   const at::Tensor amax = ref::amax(x);
@@ -144,9 +199,12 @@ TEST(Fp8CastReference, RoundTripSqnrOnRandnWithOutliers) {
     const double rowwise = sqnr_db(xi, ref::dequantize_rowwise(ry, rinv));
     const auto [my, me] = ref::mx_block_cast_to_fp8(xi);
     const double mx = sqnr_db(xi, ref::dequantize_mx(my, me));
+    const auto [cy, ce] = ref::mx_block_cast_to_fp8(xi, ref::MxExponent::rceil);
+    const double mx_rceil = sqnr_db(xi, ref::dequantize_mx(cy, ce));
     EXPECT_GE(tensorwise, 25.0) << in;
     EXPECT_GE(rowwise, 25.0) << in;
     EXPECT_GE(mx, 25.0) << in;
+    EXPECT_GE(mx_rceil, 25.0) << in;
     // e5m2 (2 mantissa bits) is ~6 dB worse: the gradients' format, for range, not precision
     const at::Tensor scale5 = 57344.0f / amax;
     const double e5m2 = sqnr_db(xi, ref::cast_to_fp8(xi, scale5, at::kFloat8_e5m2).to(at::kFloat) / scale5);
@@ -164,7 +222,9 @@ TEST(Fp8CastReference, ZerosStayZeroWithoutNaN) {
   const at::Tensor t = ref::cast_to_fp8(x, scale, at::kFloat8_e4m3fn);
   const auto [ry, rinv] = ref::rowwise_cast_to_fp8(x, at::kFloat8_e5m2);
   const auto [my, me] = ref::mx_block_cast_to_fp8(x);
-  for (const at::Tensor& q : {t, ry, my}) {
+  const auto [cy, ce] = ref::mx_block_cast_to_fp8(x, ref::MxExponent::rceil);
+  EXPECT_TRUE((ce == 0).all().item<bool>());
+  for (const at::Tensor& q : {t, ry, my, cy}) {
     EXPECT_TRUE((q.to(at::kFloat) == 0).all().item<bool>());
     EXPECT_FALSE(any_nan(q));
   }

@@ -322,7 +322,8 @@ std::vector<Section> build_schema() {
                        one_of(models::fp8::recipe_names()),
                        "fp8 GEMMs for the chosen linears: tensorwise (dynamic per-tensor scales, grads e5m2), rowwise "
                        "(per-row power-of-two scales), rowwise_gw_hp (weight grad in bf16), delayed (scales from an "
-                       "amax history), mxfp8 (1x32 blocks, e8m0 scales)")
+                       "amax history), mxfp8 (1x32 blocks, e8m0 scales, OCP's floor exponent), mxfp8_rceil (mxfp8 with "
+                       "scales rounded up: nothing saturates)")
                   .add("emulate", &Fp8Config::emulate, any(),
                        "quantise, dequantise and multiply in fp32 (same numerics, no fp8 hardware); implied on the CPU")
                   .add("include", &Fp8Config::include, any(),

@@ -130,7 +130,7 @@ struct TrainConfig {
 // FP8 compute for the block linears (models/fp8/, docs/fp8.md). Master weights stay fp32 and the
 // checkpoint format does not change; only how the GEMMs of the chosen linears compute.
 struct Fp8Config {
-  std::string recipe = "none";  // none | tensorwise | rowwise | rowwise_gw_hp | delayed | mxfp8
+  std::string recipe = "none";  // none | tensorwise | rowwise | rowwise_gw_hp | delayed | mxfp8 | mxfp8_rceil
   bool emulate = false;         // quantise + dequantise + fp32 GEMM (implied on the CPU)
   std::vector<std::string> include;  // empty = every transformer block of the model (its block units)
   std::vector<std::string> exclude = {"*adaLN_modulation*", "*_mod.*", "*.modulation.*"};

@@ -237,12 +237,12 @@ bool supports_mx_block_cast_to_fp8(const at::Tensor& x) {
   return kernel_operand(x, x) && x.dim() == 2 && x.size(1) % 32 == 0;
 }
 
-std::pair<at::Tensor, at::Tensor> mx_block_cast_to_fp8(const at::Tensor& x) {
+std::pair<at::Tensor, at::Tensor> mx_block_cast_to_fp8(const at::Tensor& x, fp8_reference::MxExponent rule) {
   TORCH_CHECK(supports_mx_block_cast_to_fp8(x),
               "cuda_fused::mx_block_cast_to_fp8: a 2-D CUDA fp32/bf16/fp16 tensor with K % 32 == 0 expected");
   at::Tensor out = at::empty(x.sizes(), x.options().dtype(at::kFloat8_e4m3fn));
   at::Tensor exponents = at::empty({x.size(0), x.size(1) / 32}, x.options().dtype(at::kByte));
-  launch::mx_block_cast_to_fp8(x.contiguous(), out, exponents);
+  launch::mx_block_cast_to_fp8(x.contiguous(), rule == fp8_reference::MxExponent::rceil, out, exponents);
   return {out, exponents};
 }
 

@@ -14,6 +14,8 @@
 // twice differentiable). Inputs must satisfy the matching supports_* (else use the ATen path):
 // CUDA tensors on one device, fp32 / bf16 / fp16. Token tensors that are not contiguous are
 // copied first; per-sample vectors may be strided rows (chunks of the adaLN linear's output).
+#include "models/kernels/fp8_cast_reference.h"
+
 #include <ATen/ATen.h>
 
 #include <stdexcept>
@@ -67,8 +69,8 @@ std::pair<at::Tensor, at::Tensor> rowwise_cast_to_fp8(const at::Tensor& x, at::S
 bool supports_mx_block_cast_to_fp8(const at::Tensor& x);  // 2-D, K % 32 == 0
 // OCP MX: x [M, K] → (e4m3 [M, K], e8m0 exponents [M, K/32] uint8, biased by 127: the block's
 // scale is 2^(e − 127); fp8_reference::e8m0_to_float gives them as fp32, `.view(at::kFloat8_e8m0fnu)`
-// as torch's e8m0 dtype). shared_exp = floor(log2(amax_block)) − 8, zero blocks stay zero.
-std::pair<at::Tensor, at::Tensor> mx_block_cast_to_fp8(const at::Tensor& x);
+// as torch's e8m0 dtype). shared_exp by `rule` (fp8_reference::MxExponent), zero blocks stay zero.
+std::pair<at::Tensor, at::Tensor> mx_block_cast_to_fp8(const at::Tensor& x, fp8_reference::MxExponent rule);
 
 #else  // built without FLOWTRAIN_CUDA: nothing is supported
 
@@ -91,7 +93,9 @@ inline at::Tensor cast_to_fp8(const at::Tensor&, const at::Tensor&, at::ScalarTy
 inline bool supports_rowwise_cast_to_fp8(const at::Tensor&) { return false; }
 inline std::pair<at::Tensor, at::Tensor> rowwise_cast_to_fp8(const at::Tensor&, at::ScalarType) { no_cuda_kernels(); }
 inline bool supports_mx_block_cast_to_fp8(const at::Tensor&) { return false; }
-inline std::pair<at::Tensor, at::Tensor> mx_block_cast_to_fp8(const at::Tensor&) { no_cuda_kernels(); }
+inline std::pair<at::Tensor, at::Tensor> mx_block_cast_to_fp8(const at::Tensor&, fp8_reference::MxExponent) {
+  no_cuda_kernels();
+}
 
 #endif
 

@@ -10,8 +10,9 @@
 //                        exponent bits (exact, unlike log2), cast. Rows with amax 0 (or NaN) keep
 //                        scale 1, as models/fp8 quantize_rows.
 //   mx_block_cast_to_fp8 OCP MX e4m3: per 32 elements (32 / VEC lanes of a warp, one pack each)
-//                        shared_exp = floor(log2(amax)) − 8 clamped to [−127, 127], elements
-//                        x·2^−shared_exp saturated to e4m3, the exponent stored biased (e8m0).
+//                        shared_exp = floor(log2(amax)) − 8 (OCP) or ceil(log2(amax / 448))
+//                        (rceil) clamped to [−127, 127], elements x·2^−shared_exp saturated to
+//                        e4m3, the exponent stored biased (e8m0).
 // Conversions are <cuda_fp8.h>'s round-to-nearest-even with __NV_SATFINITE: ±max_finite for
 // anything beyond, NaN stays NaN.
 #include "models/kernels/cuda/device_utils.cuh"
@@ -141,7 +142,8 @@ __global__ void __launch_bounds__(kMaxRowThreads) rowwise_cast_kernel(const T* _
 
 template <typename T, int VEC>
 __global__ void __launch_bounds__(kThreads) mx_cast_kernel(const T* __restrict__ x, int64_t n,
-                                                           uint8_t* __restrict__ out, uint8_t* __restrict__ exponents) {
+                                                           uint8_t* __restrict__ out, uint8_t* __restrict__ exponents,
+                                                           bool rceil) {
   constexpr int kLanes = 32 / VEC;  // lanes sharing one 32-element block
   const int64_t packs = n / VEC;
   // `base` is the same for the whole block (a multiple of kLanes), so each 32-element block
@@ -157,10 +159,19 @@ __global__ void __launch_bounds__(kThreads) mx_cast_kernel(const T* __restrict__
       for (int e = 0; e < VEC; ++e) m = nan_max(m, fabsf(static_cast<float>(xp.v[e])));
     }
     m = warp_max(m, kLanes);
-    // floor(log2(amax)) = biased exponent − 127 for a normal amax; a subnormal or zero amax
-    // (biased 0) lands below −127 and is clamped there, so zeros stay zeros.
-    const int biased = (__float_as_int(m) >> 23) & 0xff;
-    const int shared_exp = min(max(biased - 127 - kE4m3MaxExponent, -127), 127);
+    // floor: floor(log2(amax)) = biased exponent − 127 for a normal amax; a subnormal or zero
+    // amax (biased 0) lands below −127 and is clamped there, so zeros stay zeros.
+    // rceil: ceil(log2(q)) of the correctly rounded fp32 q = amax / 448 from its bits, as
+    // fp8_reference's ceil_log2 (a subnormal q is above 2^−127 exactly when its mantissa is).
+    int unclamped;
+    if (!rceil) {
+      unclamped = ((__float_as_int(m) >> 23) & 0xff) - 127 - kE4m3MaxExponent;
+    } else {
+      const int q = __float_as_int(__fdiv_rn(m, 448.f));
+      const int biased = (q >> 23) & 0xff, mantissa = q & 0x7fffff;
+      unclamped = biased != 0 ? biased - 127 + (mantissa != 0) : (mantissa > (1 << 22) ? -126 : -127);
+    }
+    const int shared_exp = min(max(unclamped, -127), 127);
     const float mult = __int_as_float((127 - shared_exp) << 23);  // 2^−shared_exp, shared_exp ≤ 120: normal
     if (valid) {
       Pack<uint8_t, VEC> q;
@@ -245,7 +256,7 @@ void rowwise_cast_to_fp8(const at::Tensor& x, bool e4m3, const at::Tensor& out, 
   });
 }
 
-void mx_block_cast_to_fp8(const at::Tensor& x, const at::Tensor& out, const at::Tensor& exponents) {
+void mx_block_cast_to_fp8(const at::Tensor& x, bool rceil, const at::Tensor& out, const at::Tensor& exponents) {
   const int64_t n = x.numel();
   if (n == 0) return;
   TORCH_CHECK(x.size(-1) % 32 == 0, "mx_block_cast_to_fp8: K = ", x.size(-1), " is not a multiple of 32");
@@ -258,7 +269,7 @@ void mx_block_cast_to_fp8(const at::Tensor& x, const at::Tensor& out, const at::
     FT_DISPATCH_VEC(aligned(x.data_ptr(), 16) && aligned(out_ptr, wide), [&] {
       auto* kernel = &mx_cast_kernel<scalar_t, kVec>;
       kernel<<<stride_blocks(kernel, n, kVec), kThreads, 0, stream>>>(x.const_data_ptr<scalar_t>(), n, out_ptr,
-                                                                       exp_ptr);
+                                                                       exp_ptr, rceil);
       C10_CUDA_KERNEL_LAUNCH_CHECK();
     });
   });

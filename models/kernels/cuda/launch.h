@@ -54,7 +54,8 @@ void cast_to_fp8(const at::Tensor& x, const at::Tensor& scale, bool e4m3, const 
                  const at::Tensor& amax_out);
 // x [M, K]: out fp8 [M, K], inv_scale [M, 1] fp32 (see cuda_fused.h for the scale rule).
 void rowwise_cast_to_fp8(const at::Tensor& x, bool e4m3, const at::Tensor& out, const at::Tensor& inv_scale);
-// x [M, K], K % 32 == 0: out e4m3 [M, K], exponents uint8 [M, K/32] (biased e8m0).
-void mx_block_cast_to_fp8(const at::Tensor& x, const at::Tensor& out, const at::Tensor& exponents);
+// x [M, K], K % 32 == 0: out e4m3 [M, K], exponents uint8 [M, K/32] (biased e8m0); rceil picks
+// fp8_reference::MxExponent::rceil over the OCP floor rule.
+void mx_block_cast_to_fp8(const at::Tensor& x, bool rceil, const at::Tensor& out, const at::Tensor& exponents);
 
 }  // namespace flowtrain::models::cuda_fused::launch
