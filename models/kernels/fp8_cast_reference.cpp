@@ -84,7 +84,8 @@ std::pair<at::Tensor, at::Tensor> mx_block_cast_to_fp8(const at::Tensor& x, MxEx
   const at::Tensor a = blocks.abs().amax(2);  // [M, K/32]
   const at::Tensor shared_exp =
       (rule == MxExponent::floor ? biased_exponent(a) - 127 - kE4m3MaxExponent : ceil_log2(a / 448.0f)).clamp(-127, 127);
-  // 2^−shared_exp: shared_exp ≤ 255 − 135 = 120, so a normal float
+  // 2^−shared_exp: a normal float for every finite amax (shared_exp ≤ 120); a NaN or inf amax under
+  // rceil clamps to 127 and pow2 gives 0: its non-finite elements come out NaN (inf·0), the rest 0
   const at::Tensor data = saturate(blocks * pow2(-shared_exp).unsqueeze(2), at::kFloat8_e4m3fn).reshape({M, K});
   return {data, (shared_exp + 127).to(at::kByte)};
 }

@@ -158,6 +158,15 @@ TEST(Fp8CastReference, MxRceilExponentsOfKnownBlocks) {
   EXPECT_EQ(v[128 + 64], 224.0f);  // 449 / 2 = 224.5 → 224 (step 16)
   const auto [fy, fe] = ref::mx_block_cast_to_fp8(x, ref::MxExponent::floor);
   EXPECT_EQ(to_vector(fy)[32], -448.0f);  // the OCP rule clips the same block
+
+  // A non-finite amax never passes for a finite one: the inf comes out NaN (the floor rule
+  // instead saturates it to 448) and the rest of its block 0; the blocks beside it are untouched.
+  at::Tensor bad = at::ones({1, 64});
+  bad[0][0] = kInf;
+  const auto [by, be] = ref::mx_block_cast_to_fp8(bad, ref::MxExponent::rceil);
+  EXPECT_TRUE(std::isnan(to_vector(by)[0]));
+  EXPECT_EQ(to_vector(by)[1], 0.0f);
+  EXPECT_EQ(to_vector(by)[32], 256.0f);  // 1 in a block of amax 1: 2^−(ceil(log2(1/448))) = 2^8
 }
 
 // The rule against float64 on blocks spread over 2^±40: the exponent is ceil(log2(q)) of the

@@ -172,7 +172,10 @@ __global__ void __launch_bounds__(kThreads) mx_cast_kernel(const T* __restrict__
       unclamped = biased != 0 ? biased - 127 + (mantissa != 0) : (mantissa > (1 << 22) ? -126 : -127);
     }
     const int shared_exp = min(max(unclamped, -127), 127);
-    const float mult = __int_as_float((127 - shared_exp) << 23);  // 2^−shared_exp, shared_exp ≤ 120: normal
+    // 2^−shared_exp, a normal float for every finite amax (shared_exp ≤ 120); a NaN or inf amax
+    // under rceil clamps to 127 and gives 0 here: the non-finite elements come out NaN (inf·0)
+    // and the rest of the block 0, as in the reference, for the non-finite checks to name.
+    const float mult = __int_as_float((127 - shared_exp) << 23);
     if (valid) {
       Pack<uint8_t, VEC> q;
 #pragma unroll
