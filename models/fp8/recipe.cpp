@@ -42,8 +42,6 @@ RecipePlan plan(Recipe recipe) {
   const OperandCast e4m3_tensor{true, Format::e4m3, Scaling::tensor};
   const OperandCast e5m2_tensor{true, Format::e5m2, Scaling::tensor};
   const OperandCast e4m3_row{true, Format::e4m3, Scaling::row};
-  const OperandCast e4m3_block{true, Format::e4m3, Scaling::block32, MxExponent::floor};
-  const OperandCast e4m3_block_rceil{true, Format::e4m3, Scaling::block32, MxExponent::rceil};
   const OperandCast bf16{false, Format::e4m3, Scaling::tensor};
   switch (recipe) {
     case Recipe::tensorwise:
@@ -55,10 +53,11 @@ RecipePlan plan(Recipe recipe) {
     case Recipe::rowwise_gw_hp:
       return {{e4m3_row, e4m3_row, true}, {e4m3_row, e4m3_row}, {bf16, bf16}};
     case Recipe::mxfp8:
-      return {{e4m3_block, e4m3_block}, {e4m3_block, e4m3_block}, {e4m3_block, e4m3_block}};
-    case Recipe::mxfp8_rceil:
-      return {{e4m3_block_rceil, e4m3_block_rceil}, {e4m3_block_rceil, e4m3_block_rceil},
-              {e4m3_block_rceil, e4m3_block_rceil}};
+    case Recipe::mxfp8_rceil: {
+      const OperandCast block{true, Format::e4m3, Scaling::block32,
+                              recipe == Recipe::mxfp8 ? MxExponent::floor : MxExponent::rceil};
+      return {{block, block}, {block, block}, {block, block}};
+    }
     case Recipe::none: break;
   }
   throw std::invalid_argument("fp8::plan: recipe none has no fp8 GEMMs");

@@ -24,9 +24,8 @@ at::Tensor biased_exponent(const at::Tensor& v) {
 // q = m·2^−149 is above 2^−127 (ceil −126) exactly when m > 2^22; 0 gives −127. NaN / inf
 // give 129 / 128 (the callers clamp to 127).
 at::Tensor ceil_log2(const at::Tensor& q) {
-  const at::Tensor bits = q.contiguous().view(at::kInt);
-  const at::Tensor e = at::bitwise_and(at::bitwise_right_shift(bits, 23), 0xff);
-  const at::Tensor m = at::bitwise_and(bits, 0x7fffff);
+  const at::Tensor e = biased_exponent(q);
+  const at::Tensor m = at::bitwise_and(q.contiguous().view(at::kInt), 0x7fffff);
   const at::Tensor normal = e - 127 + (m != 0).to(at::kInt);
   const at::Tensor subnormal = at::where(m > (1 << 22), -126, -127).to(at::kInt);
   return at::where(e == 0, subnormal, normal);
