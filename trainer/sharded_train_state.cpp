@@ -12,8 +12,6 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
-#include <limits>
-
 namespace flowtrain::trainer {
 
 namespace {
@@ -126,31 +124,33 @@ class ShardedTrainState : public TrainState {
     return out;
   }
 
-  std::string first_nonfinite_gradient() override {
-    // Each rank scans its shards in unit order (a block's fp8 all-gather weights after its other
-    // parameters); the smallest index over the world wins.
+  std::vector<std::string> nonfinite_gradients() override {
+    // Each rank flags the parameters whose part of its shards is non-finite, in unit order (a
+    // block's fp8 all-gather weights after its other parameters); MAX over the world joins them.
     at::NoGradGuard no_grad;
     const int64_t shard_rank = runtime_.shard_group().rank();
     const auto shards = fsdp_->named_shards();
-    int64_t index = 0, found = std::numeric_limits<int64_t>::max();
     std::vector<std::string> names;
+    std::vector<at::Tensor> flags;
     for (size_t u = 0; u < layout_.units.size() && u < shards.size(); ++u) {
       const parallel::FsdpUnitLayout& unit = layout_.units[u];
       const at::Tensor& grad = shards[u].second.grad();
       for (const auto& p : unit.params) {
         names.push_back(p.name);
         const parallel::ShardPart part = parallel::shard_part(unit, p, shard_rank);
-        if (found == std::numeric_limits<int64_t>::max() && grad.defined() && part.count > 0 &&
-            !at::isfinite(grad.narrow(0, part.begin, part.count)).all().item<bool>())
-          found = index;
-        ++index;
+        flags.push_back(grad.defined() && part.count > 0
+                            ? at::logical_not(at::isfinite(grad.narrow(0, part.begin, part.count)).all()).to(at::kFloat)
+                            : at::zeros({}, shards[u].second.options().dtype(at::kFloat)));
       }
     }
-    at::Tensor mine = at::full({1}, found, at::TensorOptions().dtype(at::kLong).device(shards.front().second.device()));
-    at::Tensor all = at::empty({runtime_.world_group().size()}, mine.options());
-    runtime_.world_group().all_gather(all, mine)->wait();
-    const int64_t first = all.min().item<int64_t>();
-    return first < static_cast<int64_t>(names.size()) ? names[first] : "";
+    std::vector<std::string> out;
+    if (flags.empty()) return out;
+    at::Tensor all = at::stack(flags);  // one collective and one read for every parameter
+    runtime_.world_group().all_reduce(all, parallel::ReduceOp::Max)->wait();
+    all = all.cpu();
+    for (size_t k = 0; k < names.size(); ++k)
+      if (all.data_ptr<float>()[k] > 0) out.push_back(names[k]);
+    return out;
   }
 
   void optimizer_step(double lr) override {

@@ -44,9 +44,9 @@ class TrainState {
   virtual void discard_gradients() = 0;
   // Parameter names in forward order (the order of StepReduction::param_norms).
   virtual std::vector<std::string> parameter_names() const = 0;
-  // The first parameter (forward order) whose reduced gradient has a non-finite value on any
-  // rank, or ""; under FSDP a collective (every rank calls it). Gradients must still be present.
-  virtual std::string first_nonfinite_gradient() = 0;
+  // The parameters (forward order) whose reduced gradient has a non-finite value on any rank;
+  // under FSDP a collective (every rank calls it). Gradients must still be present.
+  virtual std::vector<std::string> nonfinite_gradients() = 0;
   // The tensors AdamW updates on this rank (the parameters, or FSDP's flat unit shards), and the
   // global squared L2 norm of each named parameter's part of `tensors` (laid out like
   // trainable_tensors(): their gradients, copies, differences). Under FSDP a collective.

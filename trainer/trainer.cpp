@@ -287,7 +287,7 @@ HealthMonitor::Wiring Trainer::health_wiring() {
         out.emplace_back(all.data_ptr<double>() + r * n, all.data_ptr<double>() + (r + 1) * n);
       return out;
     };
-    w.first_nonfinite_param = [this] { return state_->first_nonfinite_gradient(); };
+    w.nonfinite_params = [this] { return state_->nonfinite_gradients(); };
   }
   return w;
 }

@@ -1,14 +1,17 @@
 // The health detectors' arithmetic on made-up series (trainer/health/detectors.h): each verdict
 // fires on the pattern it exists for, at the right step, and stays quiet on the ordinary noise
-// next to it. Batch ordinals parse singles and ranges.
+// next to it. Batch ordinals parse singles and ranges. Non-finite gradients are named from
+// the end nearest the fault, checked against a NaN made inside a real backward pass.
 #include "trainer/config/config.h"
 #include "trainer/health/batch_ordinals.h"
 #include "trainer/health/block_telemetry.h"
 #include "trainer/health/detectors.h"
 
+#include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 
 using namespace flowtrain::trainer;
 
@@ -138,4 +141,36 @@ TEST(HealthDetectors, BlocksAreListEntriesOrTopLevelModules) {
   const auto sums = block_sq_norms({{"blocks.0.a", 1.0}, {"blocks.0.b", 2.0}, {"x_embedder.proj.weight", 4.0}});
   EXPECT_EQ(sums.at("blocks.0"), 3.0);
   EXPECT_EQ(sums.at("x_embedder"), 4.0);
+}
+
+TEST(HealthDetectors, NonFiniteGradientsAreNamedFromTheEndNearestTheFault) {
+  EXPECT_EQ(describe_nonfinite_gradients({}, 7), "");
+  EXPECT_EQ(describe_nonfinite_gradients({"blocks.0.attn.qkv.weight"}, 7),
+            "non-finite gradient in 1 of 7 parameters: blocks.0.attn.qkv.weight");
+  const std::vector<std::string> three = {"x_embedder.proj.weight", "blocks.0.mlp.fc1.weight", "blocks.1.attn.qkv.weight"};
+  EXPECT_EQ(describe_nonfinite_gradients(three, 9),
+            "non-finite gradients in 3 of 9 parameters; the last in forward order, nearest where backward went "
+            "non-finite: blocks.1.attn.qkv.weight (the first: x_embedder.proj.weight)");
+}
+
+TEST(HealthDetectors, ABackwardNanReachesEveryParameterBeforeItInForwardOrder) {
+  // The rule describe_nonfinite_gradients relies on, in real autograd: three layers, a NaN put
+  // into the gradient arriving at layer 2's output. Layer 3 (after it) stays finite; layers 1
+  // and 2 go non-finite, so the last non-finite one in forward order is layer 2.
+  at::manual_seed(0);
+  const std::vector<std::string> names = {"layer1.weight", "layer2.weight", "layer3.weight"};
+  std::vector<at::Tensor> w;
+  for (int i = 0; i < 3; ++i) w.push_back(at::randn({4, 4}, at::kDouble).set_requires_grad(true));
+  at::Tensor h = at::relu(at::matmul(at::randn({2, 4}, at::kDouble), w[0]));
+  h = at::matmul(h, w[1]);
+  h.register_hook([](at::Tensor g) {
+    return g.index_fill(1, at::zeros({1}, at::kLong), std::numeric_limits<double>::quiet_NaN());
+  });
+  at::matmul(at::relu(h), w[2]).sum().backward();
+  std::vector<std::string> nonfinite;
+  for (size_t i = 0; i < w.size(); ++i)
+    if (!at::isfinite(w[i].grad()).all().item<bool>()) nonfinite.push_back(names[i]);
+  ASSERT_EQ(nonfinite, (std::vector<std::string>{"layer1.weight", "layer2.weight"}));
+  EXPECT_NE(describe_nonfinite_gradients(nonfinite, 3).find("non-finite: layer2.weight (the first: layer1.weight)"),
+            std::string::npos);
 }

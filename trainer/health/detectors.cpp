@@ -144,4 +144,12 @@ StragglerReport find_stragglers(const std::vector<RankTimes>& ranks, double rati
   return r;
 }
 
+std::string describe_nonfinite_gradients(const std::vector<std::string>& nonfinite, size_t total) {
+  if (nonfinite.empty()) return "";
+  const std::string in = " in " + std::to_string(nonfinite.size()) + " of " + std::to_string(total) + " parameters";
+  if (nonfinite.size() == 1) return "non-finite gradient" + in + ": " + nonfinite[0];
+  return "non-finite gradients" + in + "; the last in forward order, nearest where backward went non-finite: " +
+         nonfinite.back() + " (the first: " + nonfinite.front() + ")";
+}
+
 }  // namespace flowtrain::trainer

@@ -108,4 +108,13 @@ struct StragglerReport {
 };
 StragglerReport find_stragglers(const std::vector<RankTimes>& ranks, double ratio);
 
+// Which parameters' gradients are non-finite, said so that it points at the fault. Backward runs
+// from the loss to the input, and a NaN or inf made in it spreads to every gradient computed
+// after it, i.e. to every parameter *before* it in forward order. So the last non-finite
+// parameter in forward order is the nearest to where backward went non-finite (the fault is in
+// it or between it and the next parameter); the first is usually the input embedding, whatever
+// went wrong. `nonfinite` lists the affected names in forward order, `total` counts all
+// parameters. "" when none.
+std::string describe_nonfinite_gradients(const std::vector<std::string>& nonfinite, size_t total);
+
 }  // namespace flowtrain::trainer

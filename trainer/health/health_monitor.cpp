@@ -136,14 +136,16 @@ std::string HealthMonitor::describe_nonfinite(const StepObservation& obs, double
     if (all[r][0] > 0) loss_ranks.push_back(static_cast<int64_t>(r));
     if (all[r][1] > 0) grad_ranks.push_back(static_cast<int64_t>(r));
   }
-  std::string param;
-  if (w_.first_nonfinite_param) {
-    param = w_.first_nonfinite_param();
+  std::vector<std::string> params;
+  if (w_.nonfinite_params) {
+    params = w_.nonfinite_params();
   } else if (obs.param_norms.defined()) {
     const std::vector<double> norms = to_doubles(obs.param_norms);
-    for (size_t i = 0; i < norms.size() && param.empty(); ++i)
-      if (!std::isfinite(norms[i])) param = i < w_.param_names.size() ? w_.param_names[i] : "#" + std::to_string(i);
+    for (size_t i = 0; i < norms.size(); ++i)
+      if (!std::isfinite(norms[i]))
+        params.push_back(i < w_.param_names.size() ? w_.param_names[i] : "#" + std::to_string(i));
   }
+  const std::string which = describe_nonfinite_gradients(params, w_.param_names.size());
   std::string where;
   if (!grad_ranks.empty() || !loss_ranks.empty()) {
     const auto& ranks = grad_ranks.empty() ? loss_ranks : grad_ranks;
@@ -153,7 +155,7 @@ std::string HealthMonitor::describe_nonfinite(const StepObservation& obs, double
   return fmt::format("non-finite {} at step {} (batch #{}){}: the loss {} ({}), the gradient norm is non-finite{}",
                      std::isfinite(loss) ? "gradient" : "loss and gradient", obs.step, obs.batch_ordinal, where,
                      std::isfinite(loss) ? "is finite" : "itself is non-finite", fmt::format("{:.4g}", loss),
-                     param.empty() ? "" : "; first non-finite gradient (forward order): " + param);
+                     which.empty() ? "" : "; " + which);
 }
 
 void HealthMonitor::write_spike_samples(const StepObservation& obs, double loss, const LossSpikeDetector::Verdict& v) {

@@ -57,9 +57,9 @@ class HealthMonitor {
     bool judge_every_step = true;
     // Every rank's `mine` (the same length everywhere), by rank; a world collective.
     std::function<std::vector<std::vector<double>>(const std::vector<double>&)> gather;
-    // Multi-rank: the first parameter (forward order) whose reduced gradient shard is non-finite
-    // on any rank; a world collective. Unset: param_norms name it.
-    std::function<std::string()> first_nonfinite_param;
+    // Multi-rank: the parameters (forward order) whose reduced gradient shard is non-finite on
+    // any rank; a world collective. Unset: param_norms name them.
+    std::function<std::vector<std::string>()> nonfinite_params;
   };
   HealthMonitor(const HealthConfig& config, Wiring wiring);
 
