@@ -68,13 +68,6 @@ class LocalTrainState : public TrainState {
     for (size_t k = 0; k < out.size(); ++k) out[k].second = all[static_cast<int64_t>(k)].item<double>();
     return out;
   }
-  std::vector<std::string> nonfinite_gradients() override {
-    std::vector<std::string> out;
-    for (const auto& item : model_->named_parameters())
-      if (item.value().grad().defined() && !at::isfinite(item.value().grad()).all().item<bool>())
-        out.push_back(item.key());
-    return out;
-  }
   void optimizer_step(double lr) override {
     optimizer_->step(lr);
     optimizer_->zero_grad();

@@ -19,6 +19,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <stdexcept>
 #include <string>
 
 namespace flowtrain::trainer {
@@ -44,9 +45,13 @@ class TrainState {
   virtual void discard_gradients() = 0;
   // Parameter names in forward order (the order of StepReduction::param_norms).
   virtual std::vector<std::string> parameter_names() const = 0;
-  // The parameters (forward order) whose reduced gradient has a non-finite value on any rank;
-  // under FSDP a collective (every rank calls it). Gradients must still be present.
-  virtual std::vector<std::string> nonfinite_gradients() = 0;
+  // The parameters (forward order) whose reduced gradient has a non-finite value on any rank; a
+  // collective (every rank calls it). Gradients must still be present. Multi-rank states only:
+  // one process names them from the per-parameter norms the health monitor keeps for each step
+  // (StepObservation::param_norms), which outlive the gradients when a verdict is read later.
+  virtual std::vector<std::string> nonfinite_gradients() {
+    throw std::logic_error("TrainState::nonfinite_gradients: a multi-rank state's question");
+  }
   // The tensors AdamW updates on this rank (the parameters, or FSDP's flat unit shards), and the
   // global squared L2 norm of each named parameter's part of `tensors` (laid out like
   // trainable_tensors(): their gradients, copies, differences). Under FSDP a collective.
