@@ -26,7 +26,14 @@ int64_t owned_streams(int64_t streams, int64_t rank, int64_t world) {
 
 ShardLoader::ShardLoader(ShardLoaderOptions options, LoaderState start)
     : options_(std::move(options)), start_(start) {
-  if (!options_.warn) options_.warn = [](const std::string& line) { std::cerr << line << "\n"; };
+  std::function<void(const std::string&)> warn = std::move(options_.warn);
+  if (!warn) warn = [](const std::string& line) { std::cerr << line << "\n"; };
+  // Workers and the assembler warn from their own threads; one call at a time keeps a callback
+  // that appends to a container (or any other unsynchronized sink) safe.
+  options_.warn = [warn = std::move(warn), guard = std::make_shared<std::mutex>()](const std::string& line) {
+    std::lock_guard<std::mutex> lock(*guard);
+    warn(line);
+  };
   options_.fetch.cancel = cancel_;  // the destructor stops pipe / HTTP reads that would block it
   options_.workers = std::max<int64_t>(options_.workers, 1);
   if (options_.shards.size() != options_.shard_samples.size())

@@ -49,7 +49,9 @@ struct ShardLoaderOptions {
   SampleSpec spec;
   bool fail_on_damage = false;         // data.on_error: fail
   double max_skip_fraction = 0.01;
-  std::function<void(const std::string&)> warn;  // one line each; default: stderr
+  // One line each; default: stderr. Called from the loader's worker and assembler threads, never
+  // two calls at once (the loader serializes them), so the callback needs no lock of its own.
+  std::function<void(const std::string&)> warn;
 };
 
 class ShardLoader final : public BatchSource {

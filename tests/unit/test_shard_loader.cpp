@@ -317,8 +317,13 @@ TEST(ShardLoader, LatentMembersTrainAsInputsAndABadOneIsDamage) {
   o.max_skip_fraction = 0.5;
   std::vector<std::string> warnings;
   o.warn = [&](const std::string& line) { warnings.push_back(line); };
-  ShardLoader loader(o);
-  const Batch b = loader.next();
+  Batch b;
+  {
+    // The loader's threads run ahead into the next epoch and warn about sample 5 again; reading
+    // `warnings` only after they are joined keeps this thread from racing their appends.
+    ShardLoader loader(o);
+    b = loader.next();
+  }
   ASSERT_EQ(b.images.sizes(), (std::vector<int64_t>{12, 4, 4, 4}));
   // Latents are taken as stored (no [0, 255] scaling): row i holds its sample's id.
   for (int64_t i = 0; i < 12; ++i) {
