@@ -5,10 +5,16 @@
 #   ./scripts/test.sh -L unit    only one label (any ctest arguments are passed through)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+root=$(pwd)
 start=$(date +%s)
 ./scripts/build.sh
 built=$(date +%s)
 echo "[test] setup + build took $((built - start)) s"
 cd "${FLOWTRAIN_BUILD_DIR:-build}"
-ctest --output-on-failure --timeout 900 "$@"
+status=0
+ctest --output-on-failure --timeout 900 "$@" || status=$?
+if (( status != 0 )); then
+  "$root/scripts/failed_tests_report.sh" .
+  exit "$status"
+fi
 echo "[test] tests took $(( $(date +%s) - built )) s"
