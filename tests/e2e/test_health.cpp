@@ -170,6 +170,12 @@ TEST(Health, ThroughputDropNamesItsStartAndWhatCameBefore) {
   const auto r = train_tiny(scratch_dir("health_cliff") + "/run",
                             inject({"train.steps=36", "train.log_every=2", "health.warmup_steps=10",
                                     "health.throughput_patience=3", "sample.every=28", "sample.num=4",
+                                    // One intra-op thread: with two, a process busy on one of the two
+                                    // cores stalls every parallel region on the descheduled thread
+                                    // (steps 25-28 of a 0.03 s median took 4x+ beside a training run,
+                                    // so the drop was dated from step 25). One thread shares its core
+                                    // at worst.
+                                    "train.threads=1",
                                     // A drop of +300 %: tests run two at a time, and the other one's
                                     // load moves this tiny run's ~0.03 s steps by up to +140 %; the
                                     // injected 0.5 s per step is +800 % or more.
