@@ -6,6 +6,8 @@
 set -uo pipefail
 dir="${1:-build}/Testing/Temporary"
 [[ -s "$dir/LastTestsFailed.log" ]] || exit 0
+output=$(mktemp)
+trap 'rm -f "$output"' EXIT
 echo "==================== why the failed tests failed ===================="
 while IFS=: read -r _ name; do
   echo "---- $name"
@@ -16,9 +18,8 @@ while IFS=: read -r _ name; do
     inside == 1 && /^Output:/ { inside = 2; getline; next }
     inside == 2 && /^<end of output>/ { exit }
     inside == 2 { print }
-  ' "$dir/LastTest.log" > /tmp/failed_test_output.$$
-  grep -n -A8 -E "Failure$|Failure |: error|terminate called|Segmentation|Exception" /tmp/failed_test_output.$$ | head -60
+  ' "$dir/LastTest.log" > "$output"
+  grep -n -A8 -E "Failure$|Failure |: error|terminate called|Segmentation|Exception" "$output" | head -60
   echo "  … last lines:"
-  tail -n 15 /tmp/failed_test_output.$$
+  tail -n 15 "$output"
 done < "$dir/LastTestsFailed.log"
-rm -f /tmp/failed_test_output.$$

@@ -172,7 +172,7 @@ TEST(Health, ThroughputDropNamesItsStartAndWhatCameBefore) {
                                     "health.throughput_patience=3", "sample.every=28", "sample.num=4",
                                     // One intra-op thread: with two, a process busy on one of the two
                                     // cores stalls every parallel region on the descheduled thread
-                                    // (steps 25-28 of a 0.03 s median took 4x+ beside a training run,
+                                    // (steps 25-28 of a 0.028 s median took 0.28-0.33 s beside a training run,
                                     // so the drop was dated from step 25). One thread shares its core
                                     // at worst.
                                     "train.threads=1",
