@@ -666,10 +666,7 @@ void Trainer::write_checkpoint() {
   check_health("before checkpoint");
   ProfileRange range("checkpoint");
   health_->record_event(progress_.step, "checkpoint");
-  CheckpointContents c;
-  state_->fill_checkpoint(c);
-  c.rng.emplace_back("cpu", at::detail::getDefaultCPUGenerator().get_state());
-  c.fp8 = models::fp8::amax_history_state(fp8_);
+  CheckpointContents c = checkpoint_tensors();
   c.progress = progress_;
   c.progress.skipped_updates = health_->skipped_updates();
   if (config_.data.source == "shards") c.progress.shards = merged_shard_state();
@@ -678,6 +675,24 @@ void Trainer::write_checkpoint() {
   saver_->save(c);  // async: returns once the state is staged; sync: once it is committed
   last_checkpoint_step_ = progress_.step;
   report_saves(saver_->take_finished());
+}
+
+CheckpointContents Trainer::checkpoint_tensors() {
+  CheckpointContents c;
+  state_->fill_checkpoint(c);
+  c.rng.emplace_back("cpu", at::detail::getDefaultCPUGenerator().get_state());
+  c.fp8 = models::fp8::amax_history_state(fp8_);
+  return c;
+}
+
+void Trainer::reserve_checkpoint_staging() {
+  // Only where saves recur: a run whose only save is its last would hold one more copy of its
+  // state in host memory all run long for a save that blocks the exit anyway.
+  if (!saver_->async() || config_.checkpoint.every <= 0) return;
+  const auto t0 = Clock::now();
+  saver_->reserve_staging(checkpoint_tensors());
+  spdlog::info("checkpoint: {:.1f} MiB of staging buffers for asynchronous saves allocated in {:.2f} s",
+               saver_->staging_bytes() / double(1 << 20), std::chrono::duration<double>(Clock::now() - t0).count());
 }
 
 void Trainer::report_saves(const std::vector<SaveOutcome>& outcomes) {
@@ -859,6 +874,7 @@ int64_t Trainer::run() {
   }
   install_stop_signal_handlers();
   state_->model().train();
+  reserve_checkpoint_staging();
   spdlog::info("training steps {} → {}", progress_.step, total);
 
   // Time of the training steps since the last log line; periodic eval / samples / checkpoints

@@ -102,6 +102,11 @@ class Trainer {
   void rollback(const std::string& reason);
   HealthMonitor::Wiring health_wiring();
   void write_checkpoint();
+  // The tensors a checkpoint holds (state, RNG, fp8 history), without the progress and config
+  // write_checkpoint adds; what reserve_checkpoint_staging sizes its buffers from.
+  CheckpointContents checkpoint_tensors();
+  // Async saves at an interval: the staging buffers allocated before the first step (logged).
+  void reserve_checkpoint_staging();
   // Logs finished saves, records their times in metrics and applies checkpoint.on_error.
   void report_saves(const std::vector<SaveOutcome>& outcomes);
   // Waits for the save in flight; throws TrainingError if a save failed under on_error: stop.

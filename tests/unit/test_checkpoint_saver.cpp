@@ -1,6 +1,7 @@
 // Asynchronous saves (trainer/checkpoint/checkpoint_saver.h): staging isolates the save from the
-// live state, async and sync write the same bytes, the staging buffers are allocated once, and a
-// save that cannot be written (disk full, another rank failing) leaves nothing complete-looking.
+// live state, async and sync write the same bytes, the staging buffers are allocated once (at the
+// first save, or ahead of it by reserve), and a save that cannot be written (disk full, another
+// rank failing) leaves nothing complete-looking.
 #include "test_util.h"
 #include "trainer/checkpoint/checkpoint_saver.h"
 #include "trainer/checkpoint/staging.h"
@@ -103,6 +104,30 @@ TEST(CheckpointSaver, StagingBuffersAreAllocatedOnceAndReused) {
   EXPECT_EQ(second.optimizer[0].second.data_ptr(), moment);
   EXPECT_EQ(stager.buffer_bytes(), bytes);
   EXPECT_TRUE(at::equal(second.model[0].second, live_state(2).model[0].second));
+}
+
+TEST(CheckpointSaver, ReserveAllocatesEveryBufferAStageUsesAndCopiesNothing) {
+  CheckpointStager stager;
+  CheckpointContents state = live_state(1);
+  state.fp8 = {{"blocks.0.amax_history", at::ones({16, 3})}};
+  state.sharded = ShardedContents{};
+  state.sharded->fixed = {{"pos_embed", at::randn({64, 8})}};
+  stager.reserve(state);
+  const int64_t bytes = 4 * (4 * 256 * 256 + 2 * 256) + 16 + 4 * 16 * 3 + 4 * 64 * 8;  // + rng, fp8, fixed
+  EXPECT_EQ(stager.buffer_bytes(), bytes);  // every part, the sharded run's fixed tensors included
+
+  const CheckpointContents staged = stager.stage(state);
+  EXPECT_EQ(stager.buffer_bytes(), bytes);  // the stage found every buffer it needed
+  const void* w = staged.model[0].second.data_ptr();
+  stager.reserve(state);  // buffers that fit are kept as they are: not reallocated, not cleared
+  EXPECT_TRUE(at::equal(staged.model[0].second, state.model[0].second));
+  EXPECT_TRUE(at::equal(staged.sharded->fixed[0].second, state.sharded->fixed[0].second));
+  EXPECT_TRUE(at::equal(staged.fp8[0].second, state.fp8[0].second));
+  EXPECT_EQ(stager.stage(state).model[0].second.data_ptr(), w);
+
+  CheckpointSaver sync_saver(scratch_dir("saver_reserve_sync"), 0, {}, /*async=*/false);
+  sync_saver.reserve_staging(state);
+  EXPECT_EQ(sync_saver.staging_bytes(), 0);  // synchronous saves stage nothing, so reserve nothing
 }
 
 TEST(CheckpointSaver, OneSaveInFlightAndKeepPrunesAfterEachCommit) {

@@ -45,6 +45,12 @@ class CheckpointSaver {
   // Saves `contents`, whose tensors may be the live training state: they are copied before this
   // returns, so the caller may change them right after.
   void save(const CheckpointContents& contents);
+  // Async: allocates the staging buffers for a state of these shapes now (CheckpointStager::
+  // reserve), so that no save, the first included, waits for an allocation. Sync saves stage
+  // nothing: a no-op.
+  void reserve_staging(const CheckpointContents& contents) {
+    if (async_) stager_.reserve(contents);
+  }
   // Call before the state is overwritten (optimizer step, EMA update): on CUDA the device's
   // current stream waits for the staging copies of the last save (the host does not block).
   void before_state_update() { stager_.before_state_update(); }

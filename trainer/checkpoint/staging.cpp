@@ -3,6 +3,8 @@
 #include <c10/core/StreamGuard.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
 
+#include <functional>
+
 namespace flowtrain::trainer {
 
 namespace {
@@ -12,19 +14,35 @@ std::optional<c10::Device> cuda_device_of(const CheckpointContents& c) {
       if (t.is_cuda()) return t.device();
   return std::nullopt;
 }
+
+// Every part of a checkpoint that holds tensors, with the name its staging buffers are kept under.
+void for_each_tensor_part(CheckpointContents& c, const std::function<void(const std::string&, NamedTensors&)>& fn) {
+  fn("model", c.model);
+  fn("ema", c.ema);
+  fn("optimizer", c.optimizer);
+  fn("rng", c.rng);
+  fn("fp8", c.fp8);
+  if (c.sharded) fn("fixed", c.sharded->fixed);
+}
 }  // namespace
+
+at::Tensor& CheckpointStager::buffer_for(const std::string& key, const at::Tensor& source, bool* fresh) {
+  at::Tensor& buffer = buffers_[key];
+  const bool fits = buffer.defined() && buffer.sizes() == source.sizes() && buffer.dtype() == source.dtype();
+  if (!fits) {
+    // First use (or a shape that changed, which a run does not do): allocate once. Pinned host
+    // memory lets the device-to-host copy run asynchronously.
+    buffer = at::empty(source.sizes(), source.options().device(at::kCPU).pinned_memory(source.is_cuda()));
+  }
+  if (fresh) *fresh = !fits;
+  return buffer;
+}
 
 NamedTensors CheckpointStager::stage_tensors(const std::string& kind, const NamedTensors& tensors) {
   NamedTensors staged;
   staged.reserve(tensors.size());
   for (const auto& [name, source] : tensors) {
-    at::Tensor& buffer = buffers_[kind + "/" + name];
-    const bool fits = buffer.defined() && buffer.sizes() == source.sizes() && buffer.dtype() == source.dtype();
-    if (!fits) {
-      // First save (or a shape that changed, which a run does not do): allocate once. Pinned
-      // host memory lets the device-to-host copy run asynchronously.
-      buffer = at::empty(source.sizes(), source.options().device(at::kCPU).pinned_memory(source.is_cuda()));
-    }
+    at::Tensor& buffer = buffer_for(kind + "/" + name, source);
     buffer.copy_(source.detach(), /*non_blocking=*/source.is_cuda());
     staged.emplace_back(name, buffer);
   }
@@ -44,21 +62,10 @@ CheckpointContents CheckpointStager::stage(const CheckpointContents& c) {
     produced.block(*side_stream_);
     on_side_stream.emplace(*side_stream_);
   }
-  CheckpointContents staged;
-  staged.model = stage_tensors("model", c.model);
-  staged.ema = stage_tensors("ema", c.ema);
-  staged.optimizer = stage_tensors("optimizer", c.optimizer);
-  staged.rng = stage_tensors("rng", c.rng);
-  staged.fp8 = stage_tensors("fp8", c.fp8);
-  staged.progress = c.progress;
-  staged.optimizer_step_count = c.optimizer_step_count;
-  staged.config_yaml = c.config_yaml;
-  staged.world_size = c.world_size;
-  if (c.sharded) {
-    ShardedContents sh = *c.sharded;
-    sh.fixed = stage_tensors("fixed", c.sharded->fixed);
-    staged.sharded = std::move(sh);
-  }
+  CheckpointContents staged = c;  // progress, config, layout as they are; the tensors replaced below
+  for_each_tensor_part(staged, [&](const std::string& kind, NamedTensors& tensors) {
+    tensors = stage_tensors(kind, tensors);
+  });
   if (cuda) {
     copied_.emplace(c10::DeviceType::CUDA);
     copied_->record(*side_stream_);
@@ -66,6 +73,19 @@ CheckpointContents CheckpointStager::stage(const CheckpointContents& c) {
     copied_.reset();
   }
   return staged;
+}
+
+void CheckpointStager::reserve(const CheckpointContents& c) {
+  CheckpointContents shapes = c;  // tensor handles only: nothing is copied
+  for_each_tensor_part(shapes, [&](const std::string& kind, NamedTensors& tensors) {
+    for (const auto& [name, source] : tensors) {
+      bool fresh = false;
+      at::Tensor& buffer = buffer_for(kind + "/" + name, source, &fresh);
+      // Writing every page now is what makes the first save's copy as fast as a later one's
+      // (pinned buffers are resident already; zeroing them is cheap next to faulting pages).
+      if (fresh) buffer.zero_();
+    }
+  });
 }
 
 void CheckpointStager::before_state_update() {

@@ -2,9 +2,10 @@
 // belong to the stager, so the steps after the save may overwrite weights, moments and EMA while
 // the copies are persisted in the background.
 //
-// The buffers are allocated at the first save and reused by every later one (a state's shapes do
-// not change during a run): staging is then a copy, never an allocation. The price is host
-// memory: one more copy of this rank's training state (its shard, under FSDP).
+// The buffers are allocated once — by reserve() at the start of a run, or else at the first save —
+// and reused by every later save (a state's shapes do not change during a run): staging is then a
+// copy, never an allocation. The price is host memory: one more copy of this rank's training
+// state (its shard, under FSDP).
 //
 // CPU tensors are copied before stage() returns. CUDA tensors are copied into pinned buffers on a
 // side stream, after the work the current stream has queued (the step that produced them), and
@@ -32,6 +33,11 @@ class CheckpointStager {
   // Issues the copies of every tensor of `contents` into this stager's buffers and returns the
   // same contents referring to the buffers, valid until the next stage() call.
   CheckpointContents stage(const CheckpointContents& contents);
+  // Allocates and first-touches the buffers a stage() of contents with these shapes will use,
+  // copying nothing. Allocating and faulting in gigabytes of host memory is what made a first
+  // save slow (a 7 GB state: 4.5 s blocked, later saves 0.25 s; docs/checkpoints.md), so a run
+  // pays it here, once, before its first step.
+  void reserve(const CheckpointContents& contents);
   // CUDA: the device's current stream waits for the staging copies. A no-op after CPU staging.
   void before_state_update();
   // Blocks until the staging copies have landed. A no-op after CPU staging.
@@ -41,6 +47,9 @@ class CheckpointStager {
 
  private:
   NamedTensors stage_tensors(const std::string& kind, const NamedTensors& tensors);
+  // The buffer for `source` under `key`, allocated when missing (or of another shape); `fresh`
+  // says whether it was.
+  at::Tensor& buffer_for(const std::string& key, const at::Tensor& source, bool* fresh = nullptr);
 
   std::map<std::string, at::Tensor> buffers_;  // "<kind>/<name>" → host buffer
   std::optional<c10::Stream> side_stream_;     // CUDA: where the device-to-host copies run
