@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -32,10 +33,17 @@ namespace {
 
 // fp32: the kernels differ from float64 by fp32 summation order and rsqrtf (≤ 2 ulp): ~1e-6
 // relative. bf16: every output is rounded once to 8 significant bits (≤ 2^-9 relative an element),
-// RmsNorm's normalised value a second time, as the reference does.
+// RmsNorm's normalised value a second time, as the reference does. fp16 rounds to 11 bits (≤ 2^-12):
+// the bf16 bar holds it with room; it is there to run the fp16 instantiations, not to grade them.
 double tolerance(at::ScalarType dtype) { return dtype == at::kFloat ? 1e-5 : 1e-2; }
 
-std::string name(at::ScalarType dtype) { return dtype == at::kFloat ? "fp32" : "bf16"; }
+std::string name(at::ScalarType dtype) {
+  return dtype == at::kFloat ? "fp32" : dtype == at::kHalf ? "fp16" : "bf16";
+}
+
+// The fused elementwise kernels' dtypes (the fp8 casts' tests keep to fp32 and bf16, the inputs the
+// fp8 linears give them).
+const std::vector<at::ScalarType> kFloatTypes = {at::kFloat, at::kBFloat16, at::kHalf};
 
 // Fills blocks of the CUDA caching allocator with 0xFF bytes (NaN in fp32, bf16 and both fp8
 // formats) and frees them: outputs of those sizes are then carved from the same blocks, so an
@@ -79,15 +87,16 @@ at::Tensor misaligned_cuda(const at::Tensor& x) {
 struct Tokens {
   int64_t B, N, D;
 };
-// Odd widths (scalar path), a multiple of 8 (vector path), one token, DiT-XL and Flux widths.
-const std::vector<Tokens> kTokenShapes = {{3, 17, 37}, {3, 17, 40}, {2, 1, 1152}, {2, 9, 3072}};
+// Odd widths (scalar path), a multiple of 8 (vector path), one token, DiT-XL and Flux widths, and
+// an odd width past 1,024 (the scalar path with the most elements a thread: items = 8).
+const std::vector<Tokens> kTokenShapes = {{3, 17, 37}, {3, 17, 40}, {2, 1, 1152}, {2, 9, 3072}, {2, 3, 1153}};
 
 }  // namespace
 
 TEST(CudaFused, AdaLNModulateMatchesFloat64) {
   REQUIRE_CUDA_DEVICE();
   const double eps = 1e-6;
-  for (const at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
+  for (const at::ScalarType dtype : kFloatTypes) {
     for (const auto& [B, N, D] : kTokenShapes) {
       SCOPED_TRACE(name(dtype) + " B=" + std::to_string(B) + " N=" + std::to_string(N) + " D=" + std::to_string(D));
       at::manual_seed(0);
@@ -122,7 +131,7 @@ TEST(CudaFused, AdaLNModulateMatchesFloat64) {
 
 TEST(CudaFused, GatedResidualMatchesFloat64) {
   REQUIRE_CUDA_DEVICE();
-  for (const at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
+  for (const at::ScalarType dtype : kFloatTypes) {
     for (const auto& [B, N, D] : kTokenShapes) {
       SCOPED_TRACE(name(dtype) + " B=" + std::to_string(B) + " N=" + std::to_string(N) + " D=" + std::to_string(D));
       at::manual_seed(1);
@@ -165,8 +174,8 @@ at::Tensor heads_base(int64_t B, int64_t H, int64_t L, int64_t Dh, bool strided)
 TEST(CudaFused, RopeMatchesFloat64) {
   REQUIRE_CUDA_DEVICE();
   const int64_t B = 2, H = 3, L = 5;
-  for (const at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
-    for (const int64_t Dh : {38, 128}) {
+  for (const at::ScalarType dtype : kFloatTypes) {
+    for (const int64_t Dh : {int64_t(38), int64_t(128), int64_t(1022)}) {  // 1022: one pair a thread, 511 threads
       for (const bool strided : {false, true}) {
         for (const int64_t angle_batch : {B, int64_t(1)}) {
           SCOPED_TRACE(name(dtype) + " Dh=" + std::to_string(Dh) + (strided ? " strided" : "") +
@@ -202,8 +211,8 @@ TEST(CudaFused, QkRmsNormMatchesFloat64) {
   REQUIRE_CUDA_DEVICE();
   const double eps = 1e-6;  // Flux's RmsNorm
   const int64_t B = 2, H = 3, L = 5;
-  for (const at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
-    for (const int64_t Dh : {37, 128}) {
+  for (const at::ScalarType dtype : kFloatTypes) {
+    for (const int64_t Dh : {int64_t(37), int64_t(128), int64_t(255)}) {  // 255: scalar path, items = 8
       for (const int mode : {0, 1, 2}) {  // contiguous 4-D, strided 4-D, 2-D rows
         SCOPED_TRACE(name(dtype) + " Dh=" + std::to_string(Dh) + " mode " + std::to_string(mode));
         at::manual_seed(3);
@@ -277,6 +286,21 @@ TEST(CudaFused, Fp8AmaxAndTensorwiseCastAreBitExact) {
         }
       }
     }
+  }
+}
+
+TEST(CudaFused, Fp8AmaxOfANanIsNanWhicheverItsSign) {
+  REQUIRE_CUDA_DEVICE();
+  // A NaN in the input surfaces as the amax, as in the reference (so a delayed-scaling history
+  // shows it rather than hiding it behind the finite values), whichever its sign bit: one with
+  // the bit set must not lose the kernel's integer atomic max to the finite values.
+  for (const float nan : {std::numeric_limits<float>::quiet_NaN(), -std::numeric_limits<float>::quiet_NaN()}) {
+    at::Tensor x = at::randn({(1 << 16) + 5});
+    x[777] = nan;
+    SCOPED_TRACE(std::signbit(nan) ? "-NaN" : "+NaN");
+    EXPECT_TRUE(std::isnan(ref::amax(x).item<float>()));
+    poison({4});
+    EXPECT_TRUE(std::isnan(fused::amax(x.cuda()).cpu().item<float>()));
   }
 }
 

@@ -16,6 +16,8 @@ using torch::autograd::variable_list;
 
 constexpr int64_t kMaxGridYZ = 65535;
 constexpr int64_t kMaxGridX = (int64_t(1) << 31) - 1;
+// Sizes the launchers pass to the kernels as int (a row's length, a tensor's row count).
+constexpr int64_t kMaxInt = (int64_t(1) << 31) - 1;
 
 bool kernel_dtype(const at::Tensor& t) {
   const at::ScalarType s = t.scalar_type();
@@ -153,7 +155,7 @@ at::Tensor adaln_modulate(const at::Tensor& x, const at::Tensor& shift, const at
 bool supports_gated_residual(const at::Tensor& x, const at::Tensor& gate, const at::Tensor& y) {
   return kernel_operand(x, x) && x.dim() == 3 && kernel_operand(y, x) && y.scalar_type() == x.scalar_type() &&
          y.sizes() == x.sizes() && x.size(0) <= kMaxGridYZ && x.size(0) * x.size(1) <= kMaxGridX &&
-         per_sample(gate, x);
+         x.size(2) <= kMaxInt && per_sample(gate, x);
 }
 
 at::Tensor gated_residual(const at::Tensor& x, const at::Tensor& gate, const at::Tensor& y) {
@@ -177,7 +179,7 @@ at::Tensor apply_rope(const at::Tensor& x, const at::Tensor& angles) {
 
 bool supports_qk_rmsnorm(const at::Tensor& x, const at::Tensor& weight) {
   return kernel_operand(x, x) && x.dim() >= 1 && x.size(-1) >= 1 && x.size(-1) <= 256 && cast_operand(weight, x) &&
-         weight.dim() == 1 && weight.size(0) == x.size(-1);
+         weight.dim() == 1 && weight.size(0) == x.size(-1) && x.numel() / x.size(-1) <= kMaxInt;  // rows as int
 }
 
 at::Tensor qk_rmsnorm(const at::Tensor& x, const at::Tensor& weight, double eps) {
@@ -220,7 +222,7 @@ at::Tensor cast_to_fp8(const at::Tensor& x, const at::Tensor& scale, at::ScalarT
 }
 
 bool supports_rowwise_cast_to_fp8(const at::Tensor& x) {
-  return kernel_operand(x, x) && x.dim() == 2 && x.size(0) <= kMaxGridX;
+  return kernel_operand(x, x) && x.dim() == 2 && x.size(0) <= kMaxGridX && x.size(1) <= kMaxInt;
 }
 
 std::pair<at::Tensor, at::Tensor> rowwise_cast_to_fp8(const at::Tensor& x, at::ScalarType fp8_dtype) {

@@ -34,6 +34,11 @@ __device__ __forceinline__ uint8_t to_fp8(float v) {
 }
 
 __device__ __forceinline__ void atomic_max_nonnegative(float* address, float v) {
+  // Non-negative floats order like their bits as ints. A NaN amax must win (the reference
+  // propagates it): PTX leaves the sign of fabsf(NaN) unspecified, and a NaN with its sign bit
+  // set is a negative int, below every finite value — so store the positive quiet NaN, whose
+  // bits (0x7fffffff) are above +inf's.
+  if (v != v) v = __int_as_float(0x7fffffff);
   atomicMax(reinterpret_cast<int*>(address), __float_as_int(v));
 }
 
