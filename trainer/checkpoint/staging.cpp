@@ -3,26 +3,28 @@
 #include <c10/core/StreamGuard.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
 
-#include <functional>
-
 namespace flowtrain::trainer {
 
 namespace {
-std::optional<c10::Device> cuda_device_of(const CheckpointContents& c) {
-  for (const NamedTensors* part : {&c.model, &c.ema, &c.optimizer})
-    for (const auto& [name, t] : *part)
-      if (t.is_cuda()) return t.device();
-  return std::nullopt;
-}
-
 // Every part of a checkpoint that holds tensors, with the name its staging buffers are kept under.
-void for_each_tensor_part(CheckpointContents& c, const std::function<void(const std::string&, NamedTensors&)>& fn) {
+// `Contents` is CheckpointContents, const or not: stage() replaces the parts, reserve() reads them.
+template <typename Contents, typename Fn>
+void for_each_tensor_part(Contents& c, Fn&& fn) {
   fn("model", c.model);
   fn("ema", c.ema);
   fn("optimizer", c.optimizer);
   fn("rng", c.rng);
   fn("fp8", c.fp8);
   if (c.sharded) fn("fixed", c.sharded->fixed);
+}
+
+std::optional<c10::Device> cuda_device_of(const CheckpointContents& c) {
+  std::optional<c10::Device> device;
+  for_each_tensor_part(c, [&](const std::string&, const NamedTensors& tensors) {
+    for (const auto& [name, t] : tensors)
+      if (!device && t.is_cuda()) device = t.device();
+  });
+  return device;
 }
 }  // namespace
 
@@ -76,8 +78,7 @@ CheckpointContents CheckpointStager::stage(const CheckpointContents& c) {
 }
 
 void CheckpointStager::reserve(const CheckpointContents& c) {
-  CheckpointContents shapes = c;  // tensor handles only: nothing is copied
-  for_each_tensor_part(shapes, [&](const std::string& kind, NamedTensors& tensors) {
+  for_each_tensor_part(c, [&](const std::string& kind, const NamedTensors& tensors) {
     for (const auto& [name, source] : tensors) {
       bool fresh = false;
       at::Tensor& buffer = buffer_for(kind + "/" + name, source, &fresh);
