@@ -170,16 +170,22 @@ class C10dRuntime : public Runtime {
     } else {
       c10d::TCPStoreOptions so;
       so.port = static_cast<uint16_t>(env_.master_port);
-      so.isServer = env_.rank == 0;
+      so.isServer = env_.rank == 0 && !env_.launcher_store;  // see DistEnv::launcher_store
       so.numWorkers = static_cast<size_t>(env_.world);
       so.waitWorkers = true;
       so.timeout = timeout;
       try {
-        store_ = c10::make_intrusive<c10d::TCPStore>(env_.master_addr, so);
+        auto tcp = c10::make_intrusive<c10d::TCPStore>(env_.master_addr, so);
+        // The key prefix PyTorch's workers use on an agent's store, so a mixed job would agree.
+        if (env_.launcher_store)
+          store_ = c10::make_intrusive<c10d::PrefixStore>(fmt::format("/worker/attempt_{}", env_.store_attempt), tcp);
+        else
+          store_ = tcp;
       } catch (const std::exception& e) {
-        throw CommError(fmt::format("rendezvous at {}:{} as rank {} of WORLD_SIZE {} failed within {} s: {}",
-                                    env_.master_addr, env_.master_port, env_.rank, env_.world, o.timeout_s,
-                                    first_line(e.what())));
+        throw CommError(fmt::format("rendezvous at {}:{}{} as rank {} of WORLD_SIZE {} failed within {} s: {}",
+                                    env_.master_addr, env_.master_port,
+                                    env_.launcher_store ? " (the launcher's store)" : "", env_.rank, env_.world,
+                                    o.timeout_s, first_line(e.what())));
       }
       check_world_agreement(timeout);
     }

@@ -238,6 +238,13 @@ DistEnv from_torchrun(const Vars& v, const std::string& source, const std::strin
 
   if (master_addr) e.master_addr = *master_addr;
   if (master_port) e.master_port = port_from(*master_port);
+  if (auto agent_store = v.str("TORCHELASTIC_USE_AGENT_STORE")) {
+    // PyTorch compares with str(True); anything else torchrun writes is "False".
+    if (*agent_store != "True" && *agent_store != "False")
+      throw DistEnvError(fmt::format("TORCHELASTIC_USE_AGENT_STORE=\"{}\" is neither True nor False", *agent_store));
+    e.launcher_store = *agent_store == "True";
+  }
+  if (auto attempt = v.integer("TORCHELASTIC_RESTART_COUNT")) e.store_attempt = attempt->value;
   e.rank = rank->value;
   e.world = world->value;
   e.local_rank = local_rank.value;
@@ -345,6 +352,7 @@ std::string DistEnv::describe() const {
   std::string line = fmt::format("rank {}/{} (local {}/{}, node {}/{}) via {}, master {}:{}", rank, world, local_rank,
                                  local_world, node_rank, num_nodes, source, master_addr, master_port);
   if (restart_count > 0) line += fmt::format(", restart {}", restart_count);
+  if (launcher_store) line += fmt::format(", store hosted by the launcher (attempt {})", store_attempt);
   return line;
 }
 

@@ -38,6 +38,13 @@ struct DistEnv {
   int master_port = 29500;
   std::string source = "single";  // slurm | torchrun | k8s-indexed-job | single
   int64_t restart_count = 0;      // SLURM_RESTART_COUNT (requeued job), else 0
+  // Who hosts the rendezvous store at master_addr:master_port. Normally rank 0. With
+  // TORCHELASTIC_USE_AGENT_STORE=True (torchrun; `flowtrain launch` sets it too) the launcher
+  // does, and every rank connects as a client, its keys under the launcher's attempt
+  // (TORCHELASTIC_RESTART_COUNT) as PyTorch's own workers do: the ranks of a restarted attempt
+  // meet the same long-lived store and must not see the keys of the attempt before.
+  bool launcher_store = false;
+  int64_t store_attempt = 0;
   // One log line: "rank 1/4 (local 1/2, node 0/2) via slurm, master host:port".
   std::string describe() const;
 };

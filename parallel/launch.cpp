@@ -1,4 +1,5 @@
 #include "parallel/launch.h"
+#include "parallel/launcher_store.h"
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -168,6 +169,8 @@ std::vector<std::string> rank_environment(const LaunchOptions& o, int master_por
       {"NODE_RANK", std::to_string(o.node_rank)},     {"GROUP_RANK", std::to_string(o.node_rank)},
       {"GROUP_WORLD_SIZE", std::to_string(o.nnodes)}, {"MASTER_ADDR", o.master_addr},
       {"MASTER_PORT", std::to_string(master_port)},   {"FLOWTRAIN_LAUNCH", "1"},
+      // Node 0's launcher hosts the store (launch_local); every rank is its client, attempt 0.
+      {"TORCHELASTIC_USE_AGENT_STORE", "True"},       {"TORCHELASTIC_RESTART_COUNT", "0"},
   };
   std::set<std::string> names;
   for (const auto& kv : ours) names.insert(kv.first);
@@ -357,7 +360,19 @@ std::optional<int64_t> default_node_rank(const EnvLookup& env) {
 
 int launch_local(const LaunchOptions& options) {
   validate(options);
-  const int master_port = options.master_port != 0 ? options.master_port : pick_free_port();
+  // Node 0 hosts the ranks' rendezvous store before any rank exists, on the port it hands them
+  // (parallel/launcher_store.h): a port picked and released here could be taken before rank 0
+  // bound it. The other nodes' ranks connect to it at --master-addr:--master-port.
+  std::unique_ptr<LauncherStore> store;
+  int master_port = options.master_port;
+  if (options.node_rank == 0) {
+    try {
+      store = std::make_unique<LauncherStore>(options.master_port);
+    } catch (const std::runtime_error& e) {
+      throw LaunchError(fmt::format("launch: {} (--master-port)", e.what()));
+    }
+    master_port = store->port();
+  }
   const int64_t world = options.nproc_per_node * options.nnodes;
   std::string command_line;
   for (const std::string& arg : options.command) command_line += (command_line.empty() ? "" : " ") + arg;

@@ -2,11 +2,11 @@
 
 #include "test_util.h"
 
+#include "parallel/launch.h"
+#include "parallel/launcher_store.h"
 #include "parallel/runtime.h"
 
-#include <netinet/in.h>
 #include <signal.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -15,19 +15,7 @@
 
 namespace flowtrain::test {
 
-int free_port() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;
-  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
-  socklen_t len = sizeof addr;
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  const int port = ntohs(addr.sin_port);
-  close(fd);
-  return port;
-}
+int free_port() { return parallel::pick_free_port(); }
 
 std::vector<int> start_ranks(const RankJob& job, int port) {
   std::vector<int> pids;
@@ -114,13 +102,20 @@ std::string tiny_train_args(const std::string& out_dir, const std::vector<std::s
 
 std::vector<std::string> run_thread_ranks(int world, parallel::MeshShape mesh,
                                           const std::function<void(int rank, parallel::Runtime& runtime)>& body) {
+  // The store listens before any rank starts (on a port the kernel picks): rank 0 binding a port
+  // picked and released earlier could lose it to another test's sockets in between.
+  const parallel::LauncherStore store(0);
+  return run_thread_ranks(world, mesh, store.port(), /*attempt=*/0, body);
+}
+
+std::vector<std::string> run_thread_ranks(int world, parallel::MeshShape mesh, int store_port, int64_t attempt,
+                                          const std::function<void(int rank, parallel::Runtime& runtime)>& body) {
   // The ranks here are threads of one process and share torch's process-wide flight recorder,
   // whose first record of each group writes a std::map outside its lock (torch 2.11): ranks
   // creating their groups at the same moment race on it (a rare segfault). Real ranks are
   // processes, each creating its groups on one thread (parallel/comm_c10d.cpp), so the harness
   // alone turns it off, before this process makes its first group.
   setenv("TORCH_FR_BUFFER_SIZE", "0", 1);
-  const int port = free_port();
   std::vector<std::string> errors(world);
   auto rank_main = [&](int rank) {
     try {
@@ -128,7 +123,9 @@ std::vector<std::string> run_thread_ranks(int world, parallel::MeshShape mesh,
       ro.env.rank = rank;
       ro.env.world = world;
       ro.env.master_addr = "127.0.0.1";
-      ro.env.master_port = port;
+      ro.env.master_port = store_port;
+      ro.env.launcher_store = true;
+      ro.env.store_attempt = attempt;
       ro.mesh = mesh;
       ro.backend = "gloo";
       ro.timeout_s = 60;

@@ -29,7 +29,8 @@ struct RankJob {
   std::string log_dir;                  // rank-R.log files go here
 };
 
-// A TCP port that was free a moment ago (bind to port 0, read it back, close).
+// A TCP port that was free a moment ago (parallel::pick_free_port), for process ranks whose rank 0
+// hosts the store.
 int free_port();
 
 // Starts the ranks, returns their pids (for fault tests), does not wait.
@@ -53,9 +54,14 @@ struct KillOnExit {
 };
 
 // In-process ranks: runs body(rank, runtime) on `world` threads, each with its own Runtime (Gloo
-// groups over a loopback TCPStore, the given mesh, 60 s timeout). Returns each rank's error
-// ("" when its body returned normally); the threads end with a world barrier.
+// groups over a loopback TCPStore the harness hosts, as a launcher would; the given mesh, 60 s
+// timeout). Returns each rank's error ("" when its body returned normally); the threads end with
+// a world barrier.
 std::vector<std::string> run_thread_ranks(int world, parallel::MeshShape mesh,
+                                          const std::function<void(int rank, parallel::Runtime& runtime)>& body);
+// The same against a store the caller hosts (parallel::LauncherStore) at `store_port`, as the
+// ranks of launcher attempt `attempt`.
+std::vector<std::string> run_thread_ranks(int world, parallel::MeshShape mesh, int store_port, int64_t attempt,
                                           const std::function<void(int rank, parallel::Runtime& runtime)>& body);
 
 // The tiny test config's `train` arguments into out_dir, with --set flags.

@@ -2,7 +2,9 @@
 // first failure (SIGTERM, then SIGKILL after the grace period), exit codes of signal deaths,
 // and forwarding of the launcher's signals to every rank.
 #include <gtest/gtest.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -96,7 +98,8 @@ bool process_gone(const std::string& pid_file) {
 const char* kWriteVars =
     "printf '%s\\n' RANK=$RANK WORLD_SIZE=$WORLD_SIZE LOCAL_RANK=$LOCAL_RANK LOCAL_WORLD_SIZE=$LOCAL_WORLD_SIZE "
     "NODE_RANK=$NODE_RANK GROUP_RANK=$GROUP_RANK MASTER_ADDR=$MASTER_ADDR MASTER_PORT=$MASTER_PORT "
-    "FLOWTRAIN_LAUNCH=$FLOWTRAIN_LAUNCH > \"$D/vars.$RANK\"";
+    "FLOWTRAIN_LAUNCH=$FLOWTRAIN_LAUNCH TORCHELASTIC_USE_AGENT_STORE=$TORCHELASTIC_USE_AGENT_STORE "
+    "TORCHELASTIC_RESTART_COUNT=$TORCHELASTIC_RESTART_COUNT > \"$D/vars.$RANK\"";
 
 TEST(LaunchLocal, EveryRankGetsItsEnvironment) {
   const std::string dir = test::scratch_dir("launch");
@@ -128,10 +131,54 @@ TEST(LaunchLocal, EveryRankGetsItsEnvironment) {
     EXPECT_EQ(env.local_world, 4);
     EXPECT_EQ(env.num_nodes, 1);
     EXPECT_EQ(env.source, "torchrun");
+    EXPECT_TRUE(env.launcher_store);  // the launcher hosts the store: rank 0 must not try to
+    EXPECT_EQ(env.store_attempt, 0);
   }
-  const int p = std::stoi(port);  // picked free port (master_port 0)
+  const int p = std::stoi(port);  // the port the launcher's store listens on (master_port 0)
   EXPECT_GE(p, 1);
   EXPECT_LE(p, 65535);
+}
+
+// The port handed to the ranks is already listening when they start (no window in which another
+// process could take it), and stays so while they run.
+TEST(LaunchLocal, NodeZeroListensOnThePortItHandsTheRanks) {
+  const std::string dir = test::scratch_dir("launch");
+  Watchdog guard(std::chrono::seconds(30));
+  LaunchOptions o;
+  o.nproc_per_node = 2;
+  o.command = {"/bin/bash", "-c",
+               "exec 3<>/dev/tcp/127.0.0.1/$MASTER_PORT && echo connected > '" + dir + "'/rank.$RANK"};
+  ASSERT_EQ(launch_local(o), 0);
+  for (int rank = 0; rank < 2; ++rank)
+    EXPECT_EQ(test::read_file(dir + "/rank." + std::to_string(rank)), "connected\n") << "rank " << rank;
+}
+
+TEST(LaunchLocal, APortInUseIsAnErrorBeforeAnyRankStarts) {
+  const std::string dir = test::scratch_dir("launch");
+  // Something else listens on the port first.
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_ANY);
+  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  ASSERT_EQ(::listen(fd, 1), 0);
+  socklen_t len = sizeof addr;
+  ASSERT_EQ(::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+  const int port = ntohs(addr.sin_port);
+
+  LaunchOptions o = sh_ranks(2, "touch '" + dir + "/started.$RANK'");
+  o.master_port = port;
+  std::string message = "<no LaunchError thrown>";
+  try {
+    launch_local(o);
+  } catch (const LaunchError& e) {
+    message = e.what();
+  }
+  ::close(fd);
+  EXPECT_NE(message.find("--master-port"), std::string::npos) << message;
+  EXPECT_NE(message.find(std::to_string(port)), std::string::npos) << message;
+  EXPECT_TRUE(fs::is_empty(dir)) << "a rank started although the launcher could not host the store";
 }
 
 TEST(LaunchLocal, SecondNodeNumbersItsRanksAfterTheFirst) {

@@ -315,6 +315,12 @@ TEST(ParallelEnv, RejectsPartialOrInconsistentEnvironments) {
       {"non-integer SLURM_RESTART_COUNT",
        with(slurm2, {{"SLURM_RESTART_COUNT", "one"}}),
        {"SLURM_RESTART_COUNT=\"one\""}},
+      {"TORCHELASTIC_USE_AGENT_STORE neither True nor False",
+       {{"RANK", "0"}, {"WORLD_SIZE", "1"}, {"TORCHELASTIC_USE_AGENT_STORE", "yes"}},
+       {"TORCHELASTIC_USE_AGENT_STORE=\"yes\""}},
+      {"negative TORCHELASTIC_RESTART_COUNT",
+       {{"RANK", "0"}, {"WORLD_SIZE", "1"}, {"TORCHELASTIC_RESTART_COUNT", "-1"}},
+       {"TORCHELASTIC_RESTART_COUNT=-1"}},
       {"Indexed Job without WORLD_SIZE", {{"JOB_COMPLETION_INDEX", "0"}}, {"JOB_COMPLETION_INDEX=0", "WORLD_SIZE"}},
       {"Indexed Job without MASTER_ADDR",
        {{"JOB_COMPLETION_INDEX", "0"}, {"WORLD_SIZE", "2"}, {"MASTER_PORT", "29500"}},
@@ -339,6 +345,24 @@ TEST(ParallelEnv, DescribeIsOneLogLine) {
   EXPECT_EQ(e.describe(), "rank 1/4 (local 1/2, node 0/2) via slurm, master gpu003:13456");
   e.restart_count = 3;
   EXPECT_EQ(e.describe(), "rank 1/4 (local 1/2, node 0/2) via slurm, master gpu003:13456, restart 3");
+}
+
+// torchrun's agent hosts the store at MASTER_PORT and restarts the workers against it
+// (--max-restarts): they must connect as clients and keep each attempt's keys apart.
+TEST(ParallelEnv, TorchrunsAgentStoreMakesEveryRankAClientOfItsAttempt) {
+  Vars vars = {{"TORCHELASTIC_RUN_ID", "none"}, {"RANK", "1"},        {"WORLD_SIZE", "2"},
+               {"LOCAL_RANK", "1"},             {"LOCAL_WORLD_SIZE", "2"}, {"MASTER_ADDR", "127.0.0.1"},
+               {"MASTER_PORT", "29500"},        {"TORCHELASTIC_USE_AGENT_STORE", "True"},
+               {"TORCHELASTIC_RESTART_COUNT", "2"}};
+  DistEnv e = resolve_dist_env(lookup(vars));
+  EXPECT_TRUE(e.launcher_store);
+  EXPECT_EQ(e.store_attempt, 2);
+  EXPECT_EQ(e.describe(),
+            "rank 1/2 (local 1/2, node 0/1) via torchrun, master 127.0.0.1:29500, store hosted by the launcher (attempt 2)");
+  vars["TORCHELASTIC_USE_AGENT_STORE"] = "False";
+  EXPECT_FALSE(resolve_dist_env(lookup(vars)).launcher_store);
+  vars.erase("TORCHELASTIC_USE_AGENT_STORE");
+  EXPECT_FALSE(resolve_dist_env(lookup(vars)).launcher_store);  // rank 0 hosts, as without torchrun
 }
 
 TEST(ParallelEnv, SlurmPortComesFromTheJobId) {
