@@ -261,8 +261,18 @@ class C10dRuntime : public Runtime {
     try {
       store_->wait(keys, timeout);
     } catch (const std::exception& e) {
-      throw CommError(fmt::format("not every rank of WORLD_SIZE {} arrived within the timeout: {}", env_.world,
-                                  first_line(e.what())));
+      // Name the absent ranks: their hosts are where to look.
+      std::vector<int64_t> missing;
+      try {
+        for (int64_t r = 0; r < env_.world; ++r)
+          if (!store_->check({keys[r]})) missing.push_back(r);
+      } catch (const std::exception&) {  // the store itself is gone: the wait's error says so
+      }
+      throw CommError(fmt::format("rendezvous at {}:{}: {} of WORLD_SIZE {} did not arrive within {} s ({})",
+                                  env_.master_addr, env_.master_port,
+                                  missing.empty() ? std::string("not every rank")
+                                                  : fmt::format("rank {}", fmt::join(missing, ", ")),
+                                  env_.world, timeout.count() / 1000.0, first_line(e.what())));
     }
     for (int64_t r = 0; r < env_.world; ++r) {
       auto v = store_->get(keys[r]);

@@ -2,7 +2,6 @@
 
 #include "test_util.h"
 
-#include "parallel/launch.h"
 #include "parallel/launcher_store.h"
 #include "parallel/runtime.h"
 
@@ -15,14 +14,13 @@
 
 namespace flowtrain::test {
 
-int free_port() { return parallel::pick_free_port(); }
-
-std::vector<int> start_ranks(const RankJob& job, int port) {
+std::vector<int> start_ranks(const RankJob& job, const parallel::LauncherStore& store) {
   std::vector<int> pids;
   for (int r = 0; r < job.world; ++r) {
     std::string cmd = "exec env RANK=" + std::to_string(r) + " WORLD_SIZE=" + std::to_string(job.world) +
                       " LOCAL_RANK=" + std::to_string(r) + " LOCAL_WORLD_SIZE=" + std::to_string(job.world) +
-                      " MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(port);
+                      " MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(store.port()) +
+                      " TORCHELASTIC_USE_AGENT_STORE=True";
     for (const auto& e : job.extra_env) cmd += " " + e;
     if (r < static_cast<int>(job.rank_env.size())) cmd += " " + job.rank_env[r];
     cmd += " " + std::string(FLOWTRAIN_BINARY) + " " + job.args + " > " + job.log_dir + "/rank-" + std::to_string(r) +
@@ -91,7 +89,10 @@ KillOnExit::~KillOnExit() {
   }
 }
 
-std::vector<RankResult> run_ranks(const RankJob& job) { return wait_ranks(job, start_ranks(job, free_port())); }
+std::vector<RankResult> run_ranks(const RankJob& job) {
+  const parallel::LauncherStore store(0);
+  return wait_ranks(job, start_ranks(job, store));
+}
 
 std::string tiny_train_args(const std::string& out_dir, const std::vector<std::string>& sets) {
   std::string args = "train -c " + source_path("tests/configs/tiny_fashion.yaml") + " --set run.out_dir=" + out_dir +

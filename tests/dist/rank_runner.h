@@ -10,6 +10,7 @@
 #include <vector>
 
 namespace flowtrain::parallel {
+class LauncherStore;
 class Runtime;
 }
 
@@ -29,15 +30,13 @@ struct RankJob {
   std::string log_dir;                  // rank-R.log files go here
 };
 
-// A TCP port that was free a moment ago (parallel::pick_free_port), for process ranks whose rank 0
-// hosts the store.
-int free_port();
-
-// Starts the ranks, returns their pids (for fault tests), does not wait.
-std::vector<int> start_ranks(const RankJob& job, int port);
+// Starts the ranks, returns their pids (for fault tests), does not wait. They rendezvous on
+// `store` as on a launcher's (TORCHELASTIC_USE_AGENT_STORE=True), which must outlive them: it
+// listens before they start, so no other test's socket can take the port in between.
+std::vector<int> start_ranks(const RankJob& job, const parallel::LauncherStore& store);
 // Waits for all (up to the job's deadline) and reads their logs.
 std::vector<RankResult> wait_ranks(const RankJob& job, const std::vector<int>& pids);
-std::vector<RankResult> run_ranks(const RankJob& job);
+std::vector<RankResult> run_ranks(const RankJob& job);  // on a store of its own
 
 // The file's contents, or "" while it does not exist yet (a rank's log before it starts).
 std::string read_if_exists(const std::string& path);

@@ -1,6 +1,7 @@
 // Faults in a multi-process job: a rank that dies, a rank that never comes, a wrong WORLD_SIZE.
 // Every surviving rank must exit non-zero with a clear message, within the configured timeout —
 // never hang (each test's RankJob deadline is the hang guard: a rank still alive then fails it).
+#include "parallel/launcher_store.h"
 #include "rank_runner.h"
 #include "test_util.h"
 
@@ -30,7 +31,8 @@ TEST(DistFaults, KilledRankEndsEveryOtherRankWithinTheTimeout) {
                                              "data.workers=1", "checkpoint.every=0", "parallel.timeout_s=20"});
   job.log_dir = base;
   job.deadline = std::chrono::seconds(90);  // timeout 20 s + start-up; a hang fails the test here
-  const auto pids = start_ranks(job, free_port());
+  const flowtrain::parallel::LauncherStore store(0);
+  const auto pids = start_ranks(job, store);
   KillOnExit cleanup{pids};
   // Wait until training is under way (rank 0 logs step lines), then SIGKILL rank 1.
   ASSERT_TRUE(wait_for_step(base + "/rank-0.log", 5, std::chrono::seconds(60))) << read_if_exists(base + "/rank-0.log");
@@ -80,6 +82,7 @@ TEST(DistFaults, MissingRankTimesOutWithAClearError) {
   EXPECT_NE(results[0].exit_code, 0) << results[0].output;
   EXPECT_NE(results[0].exit_code, -1) << "rank 0 hung";
   EXPECT_TRUE(contains(results[0].output, "rendezvous")) << results[0].output;
+  EXPECT_TRUE(contains(results[0].output, "rank 1 of WORLD_SIZE 2 did not arrive")) << results[0].output;
 }
 
 TEST(DistFaults, HungRankEndsTheOthersAfterTheTimeout) {
@@ -91,7 +94,8 @@ TEST(DistFaults, HungRankEndsTheOthersAfterTheTimeout) {
                                              "data.workers=1", "checkpoint.every=0", "parallel.timeout_s=8"});
   job.log_dir = base;
   job.deadline = std::chrono::seconds(60);
-  const auto pids = start_ranks(job, free_port());
+  const flowtrain::parallel::LauncherStore store(0);
+  const auto pids = start_ranks(job, store);
   KillOnExit cleanup{pids};
   ASSERT_TRUE(wait_for_step(base + "/rank-0.log", 5, std::chrono::seconds(60))) << read_if_exists(base + "/rank-0.log");
   // A hung peer: alive, sockets open, but never joins the next collective.
@@ -134,7 +138,8 @@ TEST(DistFaults, RankKilledInsideACheckpointWriteLeavesTheLastCompleteCheckpoint
   job.log_dir = base;
   job.extra_env = {"FLOWTRAIN_FAULT_CHECKPOINT_PAUSE=10:5:torn"};
   job.deadline = std::chrono::seconds(120);
-  const auto pids = start_ranks(job, free_port());
+  const flowtrain::parallel::LauncherStore store(0);
+  const auto pids = start_ranks(job, store);
   KillOnExit cleanup{pids};
   const std::string shard1 = run + "/checkpoints/step-0000010.tmp/model.shard-00001-of-00002.safetensors";
   const std::string whole1 = base + "/straight/checkpoints/step-0000010/model.shard-00001-of-00002.safetensors";
