@@ -19,7 +19,8 @@ LauncherStore::LauncherStore(int port) : impl_(std::make_unique<Impl>()) {
   so.isServer = true;
   so.waitWorkers = false;  // ranks arrive later; the ranks' own rendezvous checks that all do
   try {
-    impl_->store = c10::make_intrusive<c10d::TCPStore>("127.0.0.1", so);  // the server listens on every interface; this is its own client
+    // The server listens on every interface; the address is only for the object's own client.
+    impl_->store = c10::make_intrusive<c10d::TCPStore>("127.0.0.1", so);
   } catch (const std::exception& e) {
     const std::string what = e.what();
     throw std::runtime_error(fmt::format("cannot host the rendezvous store on port {}: {}",
