@@ -163,15 +163,15 @@ void validate(const LaunchOptions& o) {
 // The parent's environment without the variables the launcher sets, then those, as KEY=VALUE.
 std::vector<std::string> rank_environment(const LaunchOptions& o, int master_port, const Rank& rank) {
   const int64_t world = o.nproc_per_node * o.nnodes;
-  const std::vector<std::pair<std::string, std::string>> ours = {
+  std::vector<std::pair<std::string, std::string>> ours = {
       {"RANK", std::to_string(rank.global)},          {"WORLD_SIZE", std::to_string(world)},
       {"LOCAL_RANK", std::to_string(rank.local)},     {"LOCAL_WORLD_SIZE", std::to_string(o.nproc_per_node)},
       {"NODE_RANK", std::to_string(o.node_rank)},     {"GROUP_RANK", std::to_string(o.node_rank)},
       {"GROUP_WORLD_SIZE", std::to_string(o.nnodes)}, {"MASTER_ADDR", o.master_addr},
       {"MASTER_PORT", std::to_string(master_port)},   {"FLOWTRAIN_LAUNCH", "1"},
-      // Node 0's launcher hosts the store (launch_local); every rank is its client, attempt 0.
-      {"TORCHELASTIC_USE_AGENT_STORE", "True"},       {"TORCHELASTIC_RESTART_COUNT", "0"},
   };
+  // Node 0's launcher hosts the store (launch_local); every rank is its client.
+  for (auto& kv : launcher_store_environment()) ours.push_back(std::move(kv));
   std::set<std::string> names;
   for (const auto& kv : ours) names.insert(kv.first);
   std::vector<std::string> env;

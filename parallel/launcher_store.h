@@ -9,6 +9,9 @@
 #pragma once
 
 #include <memory>
+#include <string>
+#include <utility>
+#include <vector>
 
 namespace flowtrain::parallel {
 
@@ -27,5 +30,11 @@ class LauncherStore {
   struct Impl;  // keeps the c10d headers in comm_launcher_store.cpp
   std::unique_ptr<Impl> impl_;
 };
+
+// What a launcher sets in its ranks' environment so they use its store (read back by
+// resolve_dist_env): torchrun's names, first attempt.
+inline std::vector<std::pair<std::string, std::string>> launcher_store_environment() {
+  return {{"TORCHELASTIC_USE_AGENT_STORE", "True"}, {"TORCHELASTIC_RESTART_COUNT", "0"}};
+}
 
 }  // namespace flowtrain::parallel

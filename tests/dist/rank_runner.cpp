@@ -19,8 +19,8 @@ std::vector<int> start_ranks(const RankJob& job, const parallel::LauncherStore& 
   for (int r = 0; r < job.world; ++r) {
     std::string cmd = "exec env RANK=" + std::to_string(r) + " WORLD_SIZE=" + std::to_string(job.world) +
                       " LOCAL_RANK=" + std::to_string(r) + " LOCAL_WORLD_SIZE=" + std::to_string(job.world) +
-                      " MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(store.port()) +
-                      " TORCHELASTIC_USE_AGENT_STORE=True";
+                      " MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(store.port());
+    for (const auto& [name, value] : parallel::launcher_store_environment()) cmd += " " + name + "=" + value;
     for (const auto& e : job.extra_env) cmd += " " + e;
     if (r < static_cast<int>(job.rank_env.size())) cmd += " " + job.rank_env[r];
     cmd += " " + std::string(FLOWTRAIN_BINARY) + " " + job.args + " > " + job.log_dir + "/rank-" + std::to_string(r) +
