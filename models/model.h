@@ -1,8 +1,7 @@
 // The seam between a model family and everything else (trainer, FSDP, context parallelism, EMA,
-// checkpoints, sampling, eval, bench): what a family's network is asked, in the spirit of
-// TorchTitan's ModelSpec, typed. A family (models/dit/, later models/flux/) derives from
-// DiffusionModel; the trainer builds it through its registration (trainer/model_registry.h) and
-// never names it again.
+// checkpoints, sampling, eval, bench): what a family's network is asked. A family's network
+// (models/dit/, models/flux/) derives from DiffusionModel; its spec (trainer/family.h, in
+// trainer/families/) builds it from the config and parallelises it, and nothing else names it.
 //
 // Distribution reaches a model only through the functions injected here — the attention
 // kernel, how each unit runs (an FSDP gather around it, a recompute in backward) and how the
@@ -82,7 +81,7 @@ class DiffusionModel : public torch::nn::Module {
   // to tokens_per_sample().
   virtual std::vector<int64_t> token_streams() const { return {tokens_per_sample()}; }
   virtual int64_t attention_heads() const = 0;
-  // Training FLOPs per sample (3 × forward), from the layer shapes (notes/models.md, "FLOPs").
+  // Training FLOPs per sample (3 × forward), from the layer shapes (docs/design/models.md, "FLOPs").
   virtual double train_flops_per_sample() const = 0;
   virtual std::string describe() const = 0;  // one line for the start-up log
 

@@ -1,4 +1,4 @@
-// Context (sequence) parallelism for non-causal attention (notes/parallel.md): the token sequence
+// Context (sequence) parallelism for non-causal attention (docs/design/parallel.md): the token sequence
 // of every sample is split into cp contiguous chunks, chunk i on member i of the context group.
 // Per-token work stays local; attention is the one place tokens meet, done in one of two ways:
 //

@@ -1,7 +1,7 @@
 // Ring attention (Liu et al. 2023) for non-causal attention: every rank keeps its queries; the
 // key/value chunks travel around the context group, one hop per step, the next hop in flight
 // while the current chunk is used. Each step's block result (o_j, lse_j) merges into the running
-// one by log-sum-exp in fp32 (notes/parallel.md):
+// one by log-sum-exp in fp32 (docs/design/parallel.md):
 //
 //   lse = logaddexp(lse, lse_j),   out = out·exp(lse_old − lse) + o_j·exp(lse_j − lse)
 //

@@ -1,5 +1,5 @@
 // FSDP-style sharding (ZeRO-3 semantics) of a torch::nn::Module, in the way PyTorch's FSDP
-// works mechanically (notes/parallel.md):
+// works mechanically (docs/design/parallel.md):
 //
 //  • A unit is a set of parameters: the stem (what runs before the first block: embedders), one
 //    unit per transformer block, and the head (what runs after the last block: final layer).

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The one GPU check, run on the H200 machine through the device tool (see ../shared/notes/gpu.md):
-#   here:   ../shared/tools/device-debs.sh .debs dataset-fashion-mnist libsentencepiece0 libsentencepiece-dev
+# The one GPU check, run on a GPU machine that reaches no package registry (docs/design/gpu.md):
+#   here:   download the Debian packages that machine lacks into .debs/ (apt-get download; the
+#           list is in docs/design/gpu.md, "Preparing the packages")
 #           (libcurl / libjpeg are optional: without them http shards and .jpg members are errors)
 #           (optional, for the PyTorch comparison) pip download --only-binary :all: --no-deps -d .wheels safetensors
 #   there:  bash scripts/gpu_check.sh          (carry .debs and .wheels; results under $OUT)

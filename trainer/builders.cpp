@@ -2,9 +2,8 @@
 
 #include "data/compositions.h"
 #include "data/fashion_mnist.h"
-#include "trainer/model_registry.h"
+#include "trainer/family.h"
 #include "trainer/run_conditioning.h"
-#include "parallel/activation_checkpoint.h"
 #include "trainer/telemetry/memory_stats.h"
 
 #include <ATen/Parallel.h>
@@ -52,47 +51,6 @@ void configure_cuda(const c10::Device& device, const TrainConfig& train) {
   c10::impl::VirtualGuardImpl(c10::DeviceType::CUDA).setDevice(device);
   // PyTorch's float32 matmul precision: "high" lets cuBLAS use TF32 tensor cores for fp32 GEMMs.
   at::globalContext().setFloat32MatmulPrecision(train.tf32 ? "high" : "highest");
-}
-
-std::string context_attention_kind(const Config& c, const models::DiffusionModel& model) {
-  const int64_t cp = c.parallel.cp, tokens = model.tokens_per_sample(), heads = model.attention_heads();
-  const std::vector<int64_t> streams = model.token_streams();
-  for (const int64_t stream : streams)
-    if (stream % cp != 0)
-      throw ConfigError(fmt::format("'parallel.cp' {} does not split the model's {} tokens ({}) evenly{}", cp, tokens,
-                                    model.token_layout(),
-                                    streams.size() > 1 ? fmt::format(": each stream ({}) is split on its own",
-                                                                     fmt::join(streams, " + "))
-                                                       : ""));
-  const bool heads_split = heads % cp == 0;
-  if (c.parallel.cp_attention == "ulysses" && !heads_split)
-    throw ConfigError(fmt::format("'parallel.cp_attention' ulysses needs the {} heads to split over 'parallel.cp' {}; "
-                                  "use ring (or auto)",
-                                  heads, cp));
-  if (c.parallel.cp_attention == "hybrid" && heads % c.parallel.cp_ulysses != 0)
-    throw ConfigError(fmt::format("'parallel.cp_attention' hybrid needs the {} heads to split over 'parallel.cp_ulysses' "
-                                  "{}",
-                                  heads, c.parallel.cp_ulysses));
-  if (c.parallel.cp_attention == "auto") return heads_split ? "ulysses" : "ring";
-  return c.parallel.cp_attention;
-}
-
-models::Tensors run_unit(const TrainConfig& train, int64_t index, const models::UnitCall& call,
-                         const models::Tensors& inputs) {
-  if (at::GradMode::is_enabled() &&
-      parallel::checkpoint_block(train.activation_checkpointing, train.activation_checkpointing_every, index))
-    return parallel::checkpointed_call(call, inputs);
-  return call(inputs);
-}
-
-models::SublayerRunner sublayer_checkpointing(const TrainConfig& train) {
-  if (train.activation_checkpointing != "attention" && train.activation_checkpointing != "mlp") return {};
-  return [mode = train.activation_checkpointing, every = train.activation_checkpointing_every](
-             int64_t index, models::Sublayer part, const models::UnitCall& call, const models::Tensors& inputs) {
-    if (at::GradMode::is_enabled() && parallel::checkpoint_sublayer(mode, every, index, part))
-      return parallel::checkpointed_call(call, inputs);
-    return call(inputs);
-  };
 }
 
 std::shared_ptr<const data::ImageDataset> build_dataset(const Config& c) {

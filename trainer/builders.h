@@ -1,5 +1,6 @@
 // Turns config sections into runtime objects: the device, the data set, the loader, the timestep
-// sampler, threads. (Models are built by their family: trainer/model_registry.h.)
+// sampler, threads. (Models are built by their family: trainer/family.h; parallelised by
+// trainer/parallelize.h.)
 #pragma once
 
 #include "data/image_dataset.h"
@@ -26,23 +27,6 @@ int64_t cuda_device_for_rank(int64_t local_rank, int64_t device_count, const std
 // On a CUDA device: makes it the process's current device (before any CUDA work or
 // communicator) and sets the fp32 matmul precision from train.tf32. No-op on the CPU.
 void configure_cuda(const c10::Device& device, const TrainConfig& train);
-
-// parallel.cp_attention resolved for `model`: "ulysses", "ring" or "hybrid" ("auto": Ulysses
-// when the model's heads split over parallel.cp, else ring). Throws ConfigError naming the keys
-// when the model's tokens per sample do not split evenly over parallel.cp, or Ulysses is asked
-// for and the heads do not split over parallel.cp (hybrid: over parallel.cp_ulysses). Only
-// meaningful for parallel.cp > 1.
-std::string context_attention_kind(const Config& config, const models::DiffusionModel& model);
-
-// One block's forward in training: under activation checkpointing (recomputed in backward)
-// when train.activation_checkpointing selects block `index` and gradients are being recorded,
-// else a plain call.
-models::Tensors run_unit(const TrainConfig& train, int64_t index, const models::UnitCall& call,
-                         const models::Tensors& inputs);
-// Selective activation checkpointing (train.activation_checkpointing attention | mlp): the
-// model's sublayer runner that recomputes the chosen sublayer of the selected blocks. Empty for
-// the other modes.
-models::SublayerRunner sublayer_checkpointing(const TrainConfig& train);
 
 // Loads data.source (compositions: with its text fields, trainer/run_conditioning.h); checks the images fit model.in_channels / image_size / num_classes and
 // throws ConfigError naming the key otherwise. Null for data.source shards (streamed, not loaded).

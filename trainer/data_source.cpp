@@ -7,7 +7,7 @@
 #include "data/shards/shard_index.h"
 #include "data/shards/shard_list.h"
 #include "trainer/builders.h"
-#include "trainer/model_registry.h"
+#include "trainer/family.h"
 #include "trainer/run_conditioning.h"
 
 #include <fmt/format.h>
@@ -96,7 +96,7 @@ data::ShardLoaderOptions shard_loader_options(const Config& c, int64_t dp_rank, 
   o.warn = [](const std::string& line) { spdlog::warn("data: {}", line); };
 
   // What every sample must hold, from the model.
-  const ModelFamily& family = model_family(c.model.arch);
+  const FamilySpec& family = model_family(c.model.arch);
   o.spec.image = c.data.image_member == "latent" ? "latent" : "image";
   o.spec.channels = c.model.in_channels;
   o.spec.max_side = c.model.image_size;
@@ -110,8 +110,8 @@ data::ShardLoaderOptions shard_loader_options(const Config& c, int64_t dp_rank, 
                       "image members (data.video.frames 0), a video model needs model.frames = data.video.frames > 1");
   if (o.spec.video_frames != (c.model.frames > 1 ? c.model.frames : 0))
     throw ConfigError(o.spec.video_frames > 0
-                          ? fmt::format("'data.video.frames' is {} but 'model.frames' is {}: a video model (model.arch "
-                                        "flux) trains on clips of its own length",
+                          ? fmt::format("'data.video.frames' is {} but 'model.frames' is {}: a video model trains on "
+                                        "clips of its own length",
                                         o.spec.video_frames, c.model.frames)
                           : fmt::format("'model.frames' is {} but the shards are read as images: set "
                                         "'data.video.frames' {} to decode the .mp4 members as clips",
@@ -122,10 +122,11 @@ data::ShardLoaderOptions shard_loader_options(const Config& c, int64_t dp_rank, 
     throw ConfigError(e.what());
   }
   if (!o.spec.buckets.empty()) {
-    if (c.model.arch != "flux")
-      throw ConfigError(fmt::format("'data.buckets' needs a model whose position ids follow the image shape (model.arch "
-                                    "flux); {}'s positional embedding is fixed at model.image_size",
-                                    c.model.arch));
+    if (!family.variable_resolution)
+      throw ConfigError(fmt::format(
+          "'data.buckets' needs a model whose position ids follow the image shape (model.arch {}); {}'s positional "
+          "embedding is fixed at model.image_size",
+          fmt::join(arch_names_where([](const FamilySpec& f) { return f.variable_resolution; }), "|"), c.model.arch));
     for (const auto& b : o.spec.buckets)
       if (b.height % c.model.patch != 0 || b.width % c.model.patch != 0)
         throw ConfigError(fmt::format("'data.buckets' shape {}x{} is not divisible by model.patch {}", b.height,
@@ -139,13 +140,14 @@ data::ShardLoaderOptions shard_loader_options(const Config& c, int64_t dp_rank, 
   if (family.class_conditioning) {
     o.spec.label = true;
     o.spec.num_classes = c.model.num_classes;
-  } else if (has_builtin_text_encoder(c.model)) {
+  } else if (reads_caption_tokens(c.model)) {
     o.spec.caption = true;
     auto tokenizer = data_tokenizer(c);
     const int64_t text_len = c.model.text_len;
     o.spec.caption_fields = [tokenizer, text_len](const std::string& caption) {
-      const auto encoded = tokenizer->encode_batch({caption}, text_len);
-      return std::map<std::string, at::Tensor>{{"tokens", encoded.tokens[0]}, {"txt_mask", encoded.mask[0]}};
+      std::map<std::string, at::Tensor> fields = caption_token_fields(tokenizer->encode_batch({caption}, text_len));
+      for (auto& [name, t] : fields) t = t[0];  // one sample's row
+      return fields;
     };
   } else {
     o.spec.text_embeddings = true;

@@ -1,6 +1,5 @@
 // TrainState for one process: the model's own parameters are the fp32 master weights.
 #include "models/autocast_region.h"
-#include "trainer/builders.h"
 #include "trainer/ema.h"
 #include "trainer/optimizer.h"
 #include "trainer/train_state.h"
@@ -14,8 +13,6 @@ namespace flowtrain::trainer {
 
 namespace {
 
-int64_t tensor_bytes(const at::Tensor& t) { return t.defined() ? t.numel() * static_cast<int64_t>(t.element_size()) : 0; }
-
 class LocalTrainState : public TrainState {
  public:
   LocalTrainState(std::shared_ptr<models::DiffusionModel> model, const Config& config)
@@ -26,12 +23,6 @@ class LocalTrainState : public TrainState {
     optimizer_ = std::make_unique<AdamW>(named, adam);
     // The EMA covers every parameter (fixed tables too), so its checkpoint file is a full state dict.
     if (config.train.ema_decay > 0) ema_ = std::make_unique<Ema>(model_->parameters());
-    if (config.train.activation_checkpointing == "full")
-      model_->unit_runner = [train = config.train](int64_t index, const models::UnitCall& call,
-                                                   const models::Tensors& inputs) {
-        return run_unit(train, index, call, inputs);
-      };
-    model_->sublayer_runner = sublayer_checkpointing(config.train);
   }
 
   models::DiffusionModel& model() override { return *model_; }

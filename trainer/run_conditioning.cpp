@@ -2,7 +2,7 @@
 
 #include "data/compositions.h"
 #include "data/safetensors.h"
-#include "trainer/model_registry.h"
+#include "trainer/family.h"
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
@@ -17,14 +17,18 @@ namespace fs = std::filesystem;
 
 namespace {
 
-bool builtin_text(const Config& c) { return has_builtin_text_encoder(c.model); }
+bool builtin_text(const Config& c) { return reads_caption_tokens(c.model); }
+
+std::string text_conditioned_archs() {
+  return fmt::format("{}", fmt::join(arch_names_where([](const FamilySpec& f) { return bool(f.text_conditioning); }), "|"));
+}
 
 // Captioned data needs a model conditioned on text.
 void require_text_model(const Config& c) {
   if (c.data.source == "compositions" && model_family(c.model.arch).class_conditioning)
     throw ConfigError(fmt::format("'model.arch' {} is class-conditional and data.source 'compositions' has captions, "
-                                  "not class labels (use model.arch flux)",
-                                  c.model.arch));
+                                  "not class labels (use model.arch {})",
+                                  c.model.arch, text_conditioned_archs()));
 }
 
 std::string embeddings_path(const Config& c) { return (fs::path(c.data.path) / "text_embeddings.safetensors").string(); }
@@ -32,6 +36,10 @@ std::string embeddings_path(const Config& c) { return (fs::path(c.data.path) / "
 std::vector<std::string> eval_prompt_captions(const Config& c) { return data::load_eval_captions(c.data.path); }
 
 }  // namespace
+
+std::map<std::string, at::Tensor> caption_token_fields(const data::Tokenizer::Batch& encoded) {
+  return {{"tokens", encoded.tokens}, {"txt_mask", encoded.mask}};
+}
 
 std::shared_ptr<const data::Tokenizer> data_tokenizer(const Config& c) {
   auto tokenizer = std::make_shared<data::Tokenizer>((fs::path(c.data.path) / "tokenizer.model").string());
@@ -52,7 +60,9 @@ models::Conditioning prompt_conditioning(const Config& c, const data::Tokenizer&
   if (encoded.truncated.size() > kNamed)
     spdlog::warn("... and {} more prompts cut to model.text_len = {} tokens", encoded.truncated.size() - kNamed,
                  c.model.text_len);
-  return {{"tokens", encoded.tokens}, {"txt_mask", encoded.mask}};
+  models::Conditioning cond;
+  for (const auto& [name, t] : caption_token_fields(encoded)) cond.set(name, t);
+  return cond;
 }
 
 std::map<std::string, at::Tensor> text_fields(const Config& c, const std::vector<std::string>& captions) {
@@ -63,7 +73,7 @@ std::map<std::string, at::Tensor> text_fields(const Config& c, const std::vector
     if (!encoded.truncated.empty())
       spdlog::warn("{} of {} captions have more than model.text_len = {} tokens and are cut, e.g. \"{}\"",
                    encoded.truncated.size(), captions.size(), c.model.text_len, captions[encoded.truncated[0]]);
-    return {{"tokens", encoded.tokens}, {"txt_mask", encoded.mask}};
+    return caption_token_fields(encoded);
   }
   // Precomputed embeddings, one row per caption.
   const std::string path = embeddings_path(c);
@@ -72,7 +82,7 @@ std::map<std::string, at::Tensor> text_fields(const Config& c, const std::vector
                                   "exist; set model.text_encoder_layers > 0 to train the built-in text encoder",
                                   path));
   const data::SafetensorsReader reader(path);
-  const models::FluxOptions o = flux_options(c.model);
+  const TextConditioning text = text_conditioning(c.model);
   const int64_t n = static_cast<int64_t>(captions.size());
   auto check = [&](const std::string& key, const std::vector<int64_t>& expected, const std::string& why) {
     if (!reader.contains(key)) throw ConfigError(fmt::format("{}: no tensor '{}' ({})", path, key, why));
@@ -80,12 +90,12 @@ std::map<std::string, at::Tensor> text_fields(const Config& c, const std::vector
       throw ConfigError(fmt::format("{}: '{}' has shape [{}], the config needs [{}] ({})", path, key,
                                     fmt::join(reader.shape(key), ", "), fmt::join(expected, ", "), why));
   };
-  check("txt", {n, c.model.text_len, o.context_dim}, "samples × model.text_len × model.context_dim");
-  check("vec", {n, o.vec_dim}, "samples × model.vec_dim");
+  check("txt", {n, text.length, text.width}, "samples × model.text_len × model.context_dim");
+  check("vec", {n, text.pooled_width}, "samples × model.vec_dim");
   std::map<std::string, at::Tensor> fields = {{"txt", reader.get("txt").to(at::kFloat)},
                                               {"vec", reader.get("vec").to(at::kFloat)}};
   if (reader.contains("txt_mask")) {
-    check("txt_mask", {n, c.model.text_len}, "samples × model.text_len");
+    check("txt_mask", {n, text.length}, "samples × model.text_len");
     fields["txt_mask"] = reader.get("txt_mask").to(at::kBool);
   }
   return fields;
@@ -98,14 +108,14 @@ std::map<std::string, at::Tensor> synthetic_text_fields(const Config& c, int64_t
   const at::Tensor mask = at::arange(L, at::kLong).unsqueeze(0) < lengths.unsqueeze(1);
   if (builtin_text(c)) {
     const at::Tensor ids = at::randint(data::Tokenizer::kEosId + 1, c.model.vocab_size, {n, L}, gen, at::kLong);
-    return {{"tokens", ids * mask.to(at::kLong)}, {"txt_mask", mask}};
+    return caption_token_fields({ids * mask.to(at::kLong), mask, {}});
   }
-  const models::FluxOptions o = flux_options(c.model);
-  return {{"txt", at::randn({n, L, o.context_dim}, gen)}, {"vec", at::randn({n, o.vec_dim}, gen)}, {"txt_mask", mask}};
+  const TextConditioning text = text_conditioning(c.model);
+  return {{"txt", at::randn({n, L, text.width}, gen)}, {"vec", at::randn({n, text.pooled_width}, gen)}, {"txt_mask", mask}};
 }
 
 RunConditioning run_conditioning(const Config& c, std::shared_ptr<const data::ImageDataset> dataset) {
-  const ModelFamily& family = model_family(c.model.arch);
+  const FamilySpec& family = model_family(c.model.arch);
   RunConditioning rc;
   if (family.class_conditioning) {
     require_text_model(c);

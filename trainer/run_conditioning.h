@@ -1,18 +1,18 @@
 // What conditions a run's model, decided once from the config and the data set: the training
 // batches' conditioning, and that of the rows of sample grids and evaluations.
 //
-//   model.arch dit                      labels; grid row i is class i % (the data's classes)
-//   flux, model.text_encoder_layers > 0 the data set's captions as tokens ("tokens", "txt_mask",
+// What the model's family reads (trainer/family.h) decides it:
+//   class-conditional                   labels; grid row i is class i % (the data's classes)
+//   text, TextInput::Tokens             the data set's captions as tokens ("tokens", "txt_mask",
 //                                       read with DIR/tokenizer.model); row i is evaluation prompt
 //                                       i % P of DIR/eval_prompts.txt
-//   flux, model.text_encoder_layers 0   precomputed embeddings ("txt", "txt_mask", "vec") from
+//   text, TextInput::Embeddings         precomputed embeddings ("txt", "txt_mask", "vec") from
 //                                       DIR/text_embeddings.safetensors; row i is training sample i
-//   flux on data.source synthetic       random fields of the same shapes (synthetic_text_fields);
+//   text on data.source synthetic       random fields of the same shapes (synthetic_text_fields);
 //                                       row i is training sample i
 // Grid rows of a class-conditional model cycle through the data set's classes.
-// With precomputed embeddings "txt_mask" is checked for shape and travels with the batch, but
-// Flux does not mask attention with it: like the reference, it attends over every text
-// position (padding included, as trained); the built-in encoder uses its mask internally.
+// With precomputed embeddings "txt_mask" is checked for shape and travels with the batch; whether
+// the model masks attention with it is the model's own business.
 #pragma once
 
 #include "data/image_dataset.h"
@@ -42,6 +42,10 @@ struct RunConditioning {
 // a class model on captions). `dataset`: the training set (the precomputed path's rows come from
 // it); may be null where no training data are loaded (sample, eval), then those rows throw.
 RunConditioning run_conditioning(const Config& config, std::shared_ptr<const data::ImageDataset> dataset);
+
+// Texts as a caption-reading model takes them: "tokens" (int64 [N, text_len]) and "txt_mask"
+// (bool [N, text_len]). The one place those names are given to a tokenizer's output.
+std::map<std::string, at::Tensor> caption_token_fields(const data::Tokenizer::Batch& encoded);
 
 // The tokenizer of a captioned data set: data.path/tokenizer.model.
 std::shared_ptr<const data::Tokenizer> data_tokenizer(const Config& config);

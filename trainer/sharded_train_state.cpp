@@ -1,9 +1,7 @@
-// TrainState under FSDP: the DiT's blocks are units, everything else the root unit; AdamW and
-// the EMA see only this rank's fp32 shards.
+// TrainState under FSDP: the model's family parallelised it (trainer/parallelize.h); AdamW and
+// the EMA see only this rank's fp32 shards of its units.
 #include "models/autocast_region.h"
-#include "parallel/context.h"
 #include "parallel/fsdp.h"
-#include "trainer/builders.h"
 #include "trainer/ema.h"
 #include "trainer/optimizer.h"
 #include "trainer/checkpoint/shard_layout.h"
@@ -16,44 +14,13 @@ namespace flowtrain::trainer {
 
 namespace {
 
-int64_t tensor_bytes(const at::Tensor& t) { return t.defined() ? t.numel() * static_cast<int64_t>(t.element_size()) : 0; }
-
-parallel::FsdpOptions fsdp_options(const Config& c) {
-  parallel::FsdpOptions o;
-  o.reshard_after_forward = c.parallel.reshard_after_forward;
-  o.prefetch = c.parallel.prefetch;
-  o.compute_dtype = c.train.bf16_autocast() ? at::kBFloat16 : at::kFloat;
-  o.reduce_dtype = c.parallel.reduce_dtype == "bf16" ? at::kBFloat16 : at::kFloat;
-  o.reduce_every_micro_batch = c.parallel.reduce_every_micro_batch;
-  o.context_parallel = c.parallel.cp;
-  o.fault = parallel::reduction_fault_from_env();
-  return o;
-}
-
 class ShardedTrainState : public TrainState {
  public:
   ShardedTrainState(std::shared_ptr<models::DiffusionModel> model, const Config& config, parallel::Runtime& runtime,
-                    std::map<std::string, std::shared_ptr<models::PrecastWeight>> fp8_weights)
-      : model_(std::move(model)), config_(config), runtime_(runtime) {
-    parallel::Comm& shard = runtime.shard_group();
-    parallel::Comm* replicate = runtime.replicate_group().size() > 1 ? &runtime.replicate_group() : nullptr;
-    parallel::FsdpOptions options = fsdp_options(config);
-    options.fp8_weights = std::move(fp8_weights);
-    fsdp_ = std::make_unique<parallel::FullyShardedModule>(*model_, model_->units(), shard, replicate, options);
-    if (options.fault != parallel::ReductionFault::None)
-      spdlog::warn("FLOWTRAIN_FAULT_REDUCTION is set: gradients are reduced WRONGLY on purpose (a test of the checks)");
-    model_->unit_runner = [this](int64_t index, const models::UnitCall& call, const models::Tensors& inputs) {
-      return fsdp_->run_unit(index, inputs, [&] { return run_unit(config_.train, index, call, inputs); });
-    };
-    model_->sublayer_runner = sublayer_checkpointing(config.train);
-    if (runtime.context_group().size() > 1) {
-      // Context parallelism: this rank's tokens from the embedding on; the output is gathered so
-      // unpatchify and the loss run whole (and identically) on every context rank.
-      parallel::Comm& context = runtime.context_group();
-      model_->sequence_split = {[&context](const at::Tensor& t) { return parallel::split_sequence(t, context, 1); },
-                                [&context](const at::Tensor& t) { return parallel::gather_sequence(t, context, 1); }};
-    }
-    layout_.num_shards = shard.size();
+                    Parallelized parallelized)
+      : model_(std::move(model)), config_(config), runtime_(runtime), fsdp_(std::move(parallelized.fsdp)) {
+    if (!fsdp_) throw std::logic_error("ShardedTrainState: the model was parallelised without FSDP");
+    layout_.num_shards = runtime.shard_group().size();
     layout_.units = fsdp_->layout();
     for (const auto& item : model_->named_parameters()) layout_.order.push_back(item.key());
 
@@ -302,8 +269,8 @@ class ShardedTrainState : public TrainState {
 
 std::unique_ptr<TrainState> make_sharded_train_state(
     std::shared_ptr<models::DiffusionModel> model, const Config& config, parallel::Runtime& runtime,
-    std::map<std::string, std::shared_ptr<models::PrecastWeight>> fp8_weights) {
-  return std::make_unique<ShardedTrainState>(std::move(model), config, runtime, std::move(fp8_weights));
+    Parallelized parallelized) {
+  return std::make_unique<ShardedTrainState>(std::move(model), config, runtime, std::move(parallelized));
 }
 
 }  // namespace flowtrain::trainer

@@ -15,6 +15,7 @@
 #include "parallel/runtime.h"
 #include "trainer/checkpoint/checkpoint.h"
 #include "trainer/config/config.h"
+#include "trainer/parallelize.h"
 
 #include <functional>
 #include <map>
@@ -74,11 +75,18 @@ class TrainState {
   virtual int64_t state_bytes() const = 0;
 };
 
+// The bytes a tensor holds; 0 for an undefined one (a gradient not yet made). state_bytes() counts
+// with it.
+inline int64_t tensor_bytes(const at::Tensor& t) {
+  return t.defined() ? t.numel() * static_cast<int64_t>(t.element_size()) : 0;
+}
+
+// Both take a model its family has already parallelised (trainer/parallelize.h); the sharded
+// state holds the FSDP wrapper that returned.
 std::unique_ptr<TrainState> make_local_train_state(std::shared_ptr<models::DiffusionModel> model,
                                                    const Config& config);
-// `fp8_weights`: fp8 all-gather's weights (trainer/fp8_setup.h fp8_all_gather_weights), or empty.
-std::unique_ptr<TrainState> make_sharded_train_state(
-    std::shared_ptr<models::DiffusionModel> model, const Config& config, parallel::Runtime& runtime,
-    std::map<std::string, std::shared_ptr<models::PrecastWeight>> fp8_weights = {});
+std::unique_ptr<TrainState> make_sharded_train_state(std::shared_ptr<models::DiffusionModel> model,
+                                                     const Config& config, parallel::Runtime& runtime,
+                                                     Parallelized parallelized);
 
 }  // namespace flowtrain::trainer

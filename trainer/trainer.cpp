@@ -10,9 +10,10 @@
 #include "models/autocast_region.h"
 #include "parallel/activation_checkpoint.h"
 #include "parallel/context.h"
+#include "parallel/gather.h"
 
 #include "trainer/builders.h"
-#include "trainer/model_registry.h"
+#include "trainer/family.h"
 #include "trainer/ema.h"
 #include "trainer/eval/evaluate.h"
 #include "trainer/eval/motion_following.h"
@@ -60,14 +61,7 @@ std::string format_duration(double s) {
 bool has_checkpoints_to_resume(const Config& c) {
   if (c.checkpoint.resume == "never") return false;
   if (c.checkpoint.resume != "auto") return true;  // an explicit checkpoint
-  const fs::path dir = fs::path(c.run.out_dir) / "checkpoints";
-  std::error_code ec;
-  if (!fs::is_directory(dir, ec)) return false;
-  for (const auto& entry : fs::directory_iterator(dir, ec)) {
-    const std::string name = entry.path().filename().string();
-    if (name.rfind("step-", 0) == 0 && name.find('.') == std::string::npos) return true;  // not a step-N.tmp leftover
-  }
-  return false;
+  return !committed_checkpoints((fs::path(c.run.out_dir) / "checkpoints").string()).empty();
 }
 
 }  // namespace
@@ -124,10 +118,10 @@ Trainer::Trainer(Config config, TrainerHooks hooks) : config_(std::move(config))
   device_ = select_device(config_.run, env_.local_rank);
   configure_cuda(device_, config_.train);  // bound before the first collective
   dataset_ = build_dataset(config_);
-  // The model, from its family (trainer/model_registry.h); initialised from the run seed, so
+  // The model, from its family (trainer/family.h); initialised from the run seed, so
   // identical on every rank. Built before the run directory: its shape decides the checks below.
   at::manual_seed(static_cast<uint64_t>(config_.run.seed));
-  const ModelFamily& family = model_family(config_.model.arch);
+  const FamilySpec& family = model_family(config_.model.arch);
   conditioning_ = run_conditioning(config_, dataset_);
   std::shared_ptr<models::DiffusionModel> model = family.build(config_.model);
   // train.init_from seeds a fresh run only: a run with checkpoints to resume from never re-reads
@@ -138,7 +132,8 @@ Trainer::Trainer(Config config, TrainerHooks hooks) : config_(std::move(config))
     load_weights_file(*model, config_.train.init_from, exported_parts(config_.model).front());
     spdlog::info("initial weights from {}", config_.train.init_from);
   }
-  const std::string cp_attention = config_.parallel.cp > 1 ? context_attention_kind(config_, *model) : "";
+  // Checked before anything is written; the family's parallelize installs it below.
+  if (config_.parallel.cp > 1) context_attention_kind(config_, *model);
   fp8_ = apply_fp8(*model, config_, device_);  // before sharding: FSDP gathers into the same modules
   // fp8.all_gather's checks (recipe, sharding) before anything is written.
   auto fp8_gathered = fp8_all_gather_weights(fp8_, config_, distributed);
@@ -154,11 +149,6 @@ Trainer::Trainer(Config config, TrainerHooks hooks) : config_(std::move(config))
     threading.threads = std::max<int64_t>(1, std::thread::hardware_concurrency() / env_.local_world);
   }
   const int threads = configure_threads(threading);
-  // With context parallelism every block's attention spans the context group (the model only
-  // sees an attention function); the sequence split itself is installed with the sharding below.
-  if (!cp_attention.empty())
-    model->set_attention(
-        parallel::context_attention(cp_attention, *runtime_, models::default_attention()));
   model->to(device_);
   const int64_t blocks = static_cast<int64_t>(model->units().blocks.size());
   spdlog::info("model: {}: {:.2f}M parameters, {:.3f} GFLOP per training sample (3× forward)", model->describe(),
@@ -168,8 +158,11 @@ Trainer::Trainer(Config config, TrainerHooks hooks) : config_(std::move(config))
                device_.str(), threads, config_.train.precision, config_.data.batch_size, dp_size_,
                config_.train.grad_accum, config_.data.batch_size / (dp_size_ * config_.train.grad_accum));
   for (const std::string& line : fp8_log_lines(fp8_, config_, device_)) spdlog::info("{}", line);
+  // Context parallelism, FSDP and activation checkpointing, as the model's family orders them.
+  Parallelized parallelized = family.parallelize(*model, {&config_, runtime_.get(), std::move(fp8_gathered)});
+  const std::string cp_attention = parallelized.context_attention;
   if (runtime_) {
-    state_ = make_sharded_train_state(model, config_, *runtime_, std::move(fp8_gathered));
+    state_ = make_sharded_train_state(model, config_, *runtime_, std::move(parallelized));
     spdlog::info("FSDP over {} ({} backend): {} block units, stem and head{}, {:.1f} MiB of training state on this rank",
                  runtime_->mesh().describe(), runtime_->backend(), blocks,
                  config_.fp8.all_gather ? " (and their '.fp8' siblings for fp8 all-gather)" : "",
@@ -267,25 +260,9 @@ HealthMonitor::Wiring Trainer::health_wiring() {
   gethostname(host, sizeof(host) - 1);
   w.hosts = {host};
   if (runtime_) {
-    constexpr int64_t kHostBytes = 64;
-    at::Tensor mine = at::zeros({kHostBytes}, at::TensorOptions().dtype(at::kByte));
-    std::memcpy(mine.data_ptr<uint8_t>(), host, std::min<size_t>(std::strlen(host), kHostBytes - 1));
-    at::Tensor all = at::empty({env_.world * kHostBytes}, mine.options().device(device_));
-    runtime_->world_group().all_gather(all, mine.to(device_))->wait();
-    all = all.cpu();
-    w.hosts.clear();
-    for (int64_t r = 0; r < env_.world; ++r)
-      w.hosts.emplace_back(reinterpret_cast<const char*>(all.data_ptr<uint8_t>() + r * kHostBytes));
+    w.hosts = parallel::gather_string(runtime_->world_group(), host, /*max_bytes=*/64, device_);
     w.gather = [this](const std::vector<double>& values) {
-      const auto n = static_cast<int64_t>(values.size());
-      at::Tensor mine = at::tensor(values, at::TensorOptions().dtype(at::kDouble)).to(device_);
-      at::Tensor all = at::empty({env_.world * n}, mine.options());
-      runtime_->world_group().all_gather(all, mine)->wait();
-      all = all.cpu();
-      std::vector<std::vector<double>> out;
-      for (int64_t r = 0; r < env_.world; ++r)
-        out.emplace_back(all.data_ptr<double>() + r * n, all.data_ptr<double>() + (r + 1) * n);
-      return out;
+      return parallel::gather_vector(runtime_->world_group(), values, device_);
     };
     w.nonfinite_params = [this] { return state_->nonfinite_gradients(); };
   }
@@ -333,11 +310,7 @@ void Trainer::write_rank_report() {
 
 std::vector<int64_t> Trainer::gather_from_ranks(int64_t value) {
   if (!runtime_) return {value};
-  at::Tensor mine = at::full({1}, value, at::TensorOptions().dtype(at::kLong).device(device_));
-  at::Tensor all = at::empty({env_.world}, mine.options());
-  runtime_->world_group().all_gather(all, mine)->wait();
-  all = all.cpu();
-  return std::vector<int64_t>(all.data_ptr<int64_t>(), all.data_ptr<int64_t>() + env_.world);
+  return parallel::gather_value(runtime_->world_group(), value, device_);
 }
 
 void Trainer::barrier() {
@@ -741,15 +714,11 @@ at::Tensor Trainer::sample_rows_on_all_ranks(int64_t total, const std::function<
   // Every data-parallel rank integrates an equal, padded slice (the same number of forward calls
   // everywhere, as the sharded forward needs); the context ranks of one slice compute it together.
   const int64_t per = (total + dp_size_ - 1) / dp_size_;
-  at::Tensor mine = make(dp_rank_ * per, per).to(device_).contiguous();
-  std::vector<int64_t> shape = mine.sizes().vec();
-  shape[0] = per * env_.world;
-  at::Tensor all = at::empty(shape, mine.options());
-  runtime_->world_group().all_gather(all, mine)->wait();
+  const at::Tensor all = parallel::gather_rows(runtime_->world_group(), make(dp_rank_ * per, per).to(device_));
   std::vector<at::Tensor> slices(dp_size_);
   for (int64_t r = env_.world - 1; r >= 0; --r)  // the first world rank of each data-parallel rank
-    slices[runtime_->mesh().data_parallel_rank(r)] = all.narrow(0, r * per, per);
-  return at::cat(slices).narrow(0, 0, total).to(at::kCPU);
+    slices[runtime_->mesh().data_parallel_rank(r)] = all[r];
+  return at::cat(slices).narrow(0, 0, total);
 }
 
 void Trainer::write_samples() {

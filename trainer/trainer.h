@@ -26,7 +26,7 @@
 #include "trainer/telemetry/profiler.h"
 #include "trainer/telemetry/run_log.h"
 #include "trainer/telemetry/tensorboard.h"
-#include "trainer/model_registry.h"
+#include "trainer/family.h"
 #include "trainer/run_conditioning.h"
 #include "trainer/train_state.h"
 

@@ -105,7 +105,7 @@ struct DiTImpl : DiffusionModel {
 TORCH_MODULE(DiT);
 
 // Training FLOPs per sample (3 × forward) from the layer shapes: linears 2·in·out per token,
-// attention 4·T·D per token per block (q·kᵀ and p·v), adaLN per sample. See notes/models.md.
+// attention 4·T·D per token per block (q·kᵀ and p·v), adaLN per sample. See docs/design/models.md, "FLOPs".
 double dit_forward_flops_per_sample(const DiTOptions& o);
 inline double dit_train_flops_per_sample(const DiTOptions& o) { return 3.0 * dit_forward_flops_per_sample(o); }
 

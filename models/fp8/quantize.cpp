@@ -9,10 +9,10 @@
 
 namespace flowtrain::models::fp8 {
 
-double max_finite(Format format) { return format == Format::e4m3 ? 448.0 : 57344.0; }
 at::ScalarType scalar_type(Format format) {
   return format == Format::e4m3 ? at::kFloat8_e4m3fn : at::kFloat8_e5m2;
 }
+double max_finite(Format format) { return fp8_reference::max_finite(scalar_type(format)); }
 const char* name(Format format) { return format == Format::e4m3 ? "e4m3" : "e5m2"; }
 const char* name(Scaling scaling) {
   switch (scaling) {
@@ -24,7 +24,7 @@ const char* name(Scaling scaling) {
 }
 
 namespace {
-constexpr double kAmaxFloor = 1e-12;  // an all-zero tensor gets a finite scale
+using fp8_reference::kAmaxFloor;  // an all-zero tensor gets a finite scale
 
 void check_2d(const at::Tensor& x, const char* what) {
   if (x.dim() != 2) throw std::invalid_argument(std::string("fp8 ") + what + ": expected a 2-D tensor, got " + std::to_string(x.dim()) + "-D");

@@ -1,4 +1,4 @@
-// FP8 quantisation as the fp8 GEMMs see it (../shared/notes/fp8.md): a tensor is scaled so its
+// FP8 quantisation as the fp8 GEMMs see it (docs/design/fp8.md): a tensor is scaled so its
 // largest magnitude lands on the format's largest finite value, saturating-cast to 8 bits, and
 // carried with the inverse scale that turns it back (x ≈ data · inv_scale).
 //

@@ -1,7 +1,7 @@
 // FP8 training recipes (`fp8.recipe`): for each of a linear's three GEMMs, how each operand is
 // cast. y = x·Wᵀ (output), ∂x = ∂y·W (grad_input), ∂W = ∂yᵀ·x (grad_weight); every GEMM is
 // written a·bᵀ with both operands contracting their dim 1, so ∂x uses b = Wᵀ and ∂W uses
-// a = ∂yᵀ, b = xᵀ. Facts and sources: ../shared/notes/fp8.md.
+// a = ∂yᵀ, b = xᵀ. Facts and sources: docs/design/fp8.md.
 #pragma once
 
 #include "models/fp8/quantize.h"

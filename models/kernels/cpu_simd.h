@@ -1,5 +1,5 @@
 #pragma once
-// 8-lane fp32 vectors (GCC vector extensions) for the hand-written CPU kernels of models/cpu_*.cpp.
+// 8-lane fp32 vectors (GCC vector extensions) for the hand-written CPU kernels of models/kernels/cpu_*.cpp.
 // Kernels using them are compiled for AVX2 and for the x86-64 baseline and picked at load time
 // (target_clones); these helpers are inlined into them, so passing 32-byte vectors between
 // functions compiled for different targets (-Wpsabi) never arises. Plain loads and stores lower

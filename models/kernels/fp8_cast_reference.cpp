@@ -7,7 +7,6 @@
 namespace flowtrain::models::fp8_reference {
 namespace {
 
-constexpr double kAmaxFloor = 1e-12;  // as a float: 1e-12f, the kernels' floor
 constexpr int kE4m3MaxExponent = 8;   // 448 = 1.75 · 2^8
 constexpr int kMxBlock = 32;
 

@@ -17,6 +17,10 @@ namespace flowtrain::models::fp8_reference {
 // ±448 (at::kFloat8_e4m3fn) or ±57344 (at::kFloat8_e5m2); throws for any other dtype.
 double max_finite(at::ScalarType fp8_dtype);
 
+// The smallest amax a scale is computed from (as a float, 1e-12f: the CUDA kernels' floor), so an
+// all-zero tensor or row gets a finite scale.
+inline constexpr double kAmaxFloor = 1e-12;
+
 // max|x| as a 0-dim fp32 tensor (NaN propagates; 0 for an empty tensor).
 at::Tensor amax(const at::Tensor& x);
 

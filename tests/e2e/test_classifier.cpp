@@ -7,7 +7,7 @@
 #include "test_util.h"
 #include "trainer/run_conditioning.h"
 #include "trainer/builders.h"
-#include "trainer/model_registry.h"
+#include "trainer/family.h"
 #include "trainer/checkpoint/checkpoint.h"
 #include "trainer/eval/classifier_cache.h"
 #include "trainer/config/config.h"

@@ -2,7 +2,7 @@
 // line, or the --set), which key, and what was allowed; good input round-trips through to_yaml.
 #include "trainer/builders.h"
 #include "trainer/eval/sample_grid.h"
-#include "trainer/model_registry.h"
+#include "trainer/family.h"
 #include "trainer/run_conditioning.h"
 #include "trainer/config/config.h"
 

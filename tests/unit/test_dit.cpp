@@ -358,7 +358,8 @@ TEST(DiTNames, XL2HasReferenceParameterCount) {
   o.learn_sigma = true;
   DiT model(o);
   EXPECT_EQ(count_parameters(*model), 675129632);
-  // FLOPs: notes/models.md gives 237 GFLOP forward, 712 per training image (±0.5%).
+  // FLOPs: the paper's 118.6 GMACs are 237 GFLOP forward, 712 per training image (±0.5%;
+  // docs/design/models.md, "FLOPs").
   EXPECT_NEAR(dit_forward_flops_per_sample(o) / 1e9, 237.0, 1.2);
   EXPECT_NEAR(dit_train_flops_per_sample(o) / 1e9, 712.0, 3.6);
 }

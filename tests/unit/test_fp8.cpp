@@ -1,6 +1,6 @@
 // FP8 compute paths (models/fp8/): casts, the emulated GEMM, the fp8 linear of every recipe
 // against fp32, delayed scaling's history, which linears convert, and the activation-checkpoint
-// recompute. Thresholds are torchao's (../shared/notes/fp8.md, "How to validate"): they are what
+// recompute. Thresholds are torchao's (docs/design/fp8.md, "How to validate"): they are what
 // a correct fp8 linear reaches on random data with outliers; a wrong scale convention, a missing
 // saturation or a transposed operand lands far below them (single-digit or negative dB).
 #include "models/fp8/convert.h"

@@ -1,6 +1,6 @@
 // The ATen fp8 casts that the CUDA kernels (models/kernels/cuda/fp8_cast.cu) are checked against
 // bit for bit: saturation, the power-of-two scale rules, MX block exponents, and round-trip
-// accuracy against torchao's threshold (cast round trip ≥ 25 dB SQNR, ../shared/notes/fp8.md).
+// accuracy against torchao's threshold (cast round trip ≥ 25 dB SQNR, docs/design/fp8.md).
 #include "models/kernels/fp8_cast_reference.h"
 
 #include <gtest/gtest.h>

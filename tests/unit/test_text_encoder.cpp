@@ -2,7 +2,7 @@
 // model around Flux (models/text/text_to_image.h).
 #include "models/flux/flux.h"
 #include "models/text/text_to_image.h"
-#include "trainer/model_registry.h"
+#include "trainer/family.h"
 #include "test_util.h"
 
 #include <set>

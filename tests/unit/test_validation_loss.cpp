@@ -4,7 +4,7 @@
 #include "test_util.h"
 #include "trainer/config/config.h"
 #include "trainer/eval/validation_loss.h"
-#include "trainer/model_registry.h"
+#include "trainer/family.h"
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>

@@ -396,15 +396,22 @@ int64_t checkpoint_num_shards(const std::string& dir) {
   return layout ? layout->num_shards : 1;
 }
 
-std::optional<std::string> find_latest_checkpoint(const std::string& checkpoints_dir,
-                                                  const std::function<void(const std::string&)>& warn) {
-  if (!fs::is_directory(checkpoints_dir)) return std::nullopt;
+std::vector<std::pair<int64_t, std::string>> committed_checkpoints(const std::string& checkpoints_dir) {
   std::vector<std::pair<int64_t, std::string>> found;
-  for (const auto& entry : fs::directory_iterator(checkpoints_dir)) {
+  std::error_code ec;
+  if (!fs::is_directory(checkpoints_dir, ec)) return found;
+  for (const auto& entry : fs::directory_iterator(checkpoints_dir, ec)) {
     if (!entry.is_directory()) continue;
     if (auto step = parse_step_dir(entry.path().filename().string())) found.emplace_back(*step, entry.path().string());
   }
-  std::sort(found.rbegin(), found.rend());
+  std::sort(found.begin(), found.end());
+  return found;
+}
+
+std::optional<std::string> find_latest_checkpoint(const std::string& checkpoints_dir,
+                                                  const std::function<void(const std::string&)>& warn) {
+  std::vector<std::pair<int64_t, std::string>> found = committed_checkpoints(checkpoints_dir);
+  std::reverse(found.begin(), found.end());
   for (const auto& [step, path] : found) {
     std::string problem = verify_checkpoint(path);
     if (problem.empty()) return path;
@@ -415,17 +422,12 @@ std::optional<std::string> find_latest_checkpoint(const std::string& checkpoints
 
 void prune_checkpoints(const std::string& checkpoints_dir, int64_t keep) {
   if (!fs::is_directory(checkpoints_dir)) return;
-  std::vector<std::pair<int64_t, fs::path>> complete;
   for (const auto& entry : fs::directory_iterator(checkpoints_dir)) {
     const std::string name = entry.path().filename().string();
-    if (name.size() > 4 && name.compare(name.size() - 4, 4, ".tmp") == 0) {
-      fs::remove_all(entry.path());  // an interrupted save
-      continue;
-    }
-    if (auto step = parse_step_dir(name)) complete.emplace_back(*step, entry.path());
+    if (name.size() > 4 && name.compare(name.size() - 4, 4, ".tmp") == 0) fs::remove_all(entry.path());  // an interrupted save
   }
+  const std::vector<std::pair<int64_t, std::string>> complete = committed_checkpoints(checkpoints_dir);
   if (keep <= 0 || static_cast<int64_t>(complete.size()) <= keep) return;
-  std::sort(complete.begin(), complete.end());
   for (size_t i = 0; i + keep < complete.size(); ++i) fs::remove_all(complete[i].second);
 }
 

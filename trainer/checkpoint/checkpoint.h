@@ -32,6 +32,8 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace flowtrain::trainer {
 
@@ -126,6 +128,11 @@ std::string verify_checkpoint(const std::string& dir);
 // The manifest of a checkpoint directory, checked for format and version. Throws CheckpointError
 // naming the file.
 nlohmann::json read_checkpoint_manifest(const std::string& dir);
+
+// The committed checkpoint directories under `checkpoints_dir` (named step-NNNNNNN, not a
+// step-N.tmp of an interrupted save), oldest first, as (step, path); unverified. Empty when the
+// directory does not exist.
+std::vector<std::pair<int64_t, std::string>> committed_checkpoints(const std::string& checkpoints_dir);
 
 // The newest complete, verified checkpoint under `checkpoints_dir`, or nullopt. Invalid ones are
 // reported through `warn` and skipped (a corrupt newest checkpoint falls back to the previous).

@@ -3,7 +3,7 @@
 #include "data/safetensors.h"
 #include "trainer/checkpoint/checkpoint.h"
 #include "trainer/config/config.h"
-#include "trainer/model_registry.h"
+#include "trainer/family.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>

@@ -13,7 +13,7 @@ struct ExportOptions {
   bool ema = false;            // export the EMA weights instead of the raw ones
   std::string dtype = "fp32";  // fp32 | bf16
   // A model with a built-in text encoder: the encoder's weights go here (required for such a
-  // checkpoint), out_path gets the transformer alone (model_registry.h exported_parts).
+  // checkpoint), out_path gets the transformer alone (trainer/family.h exported_parts).
   std::string text_encoder_out;
 };
 

@@ -8,8 +8,6 @@
 #include "data/shards/pack.h"
 #include "data/shards/shard_inspect.h"
 #include "data/safetensors.h"
-#include "models/flux/flux.h"
-#include "models/text/text_to_image.h"
 #include "trainer/eval/motion_following.h"
 #include "trainer/eval/prompt_following.h"
 #include "trainer/run_conditioning.h"
@@ -29,7 +27,7 @@
 #include "trainer/eval/checkpoint_model.h"
 #include "trainer/eval/evaluate.h"
 #include "trainer/config/config.h"
-#include "trainer/model_registry.h"
+#include "trainer/family.h"
 #include "trainer/checkpoint/export.h"
 #include "trainer/checkpoint/file_util.h"
 #include "trainer/checkpoint/inspect.h"
@@ -104,34 +102,6 @@ std::vector<std::string> read_prompt_lines(const std::string& path) {
   return lines;
 }
 
-// The inputs of the reference forward (black-forest-labs/flux Flux.forward) at the first sampling
-// step of `rows`' conditional branch, so a sample can be reproduced in the reference code.
-void dump_flux_inputs(const std::string& path, models::DiffusionModel& model, const at::Tensor& noise,
-                      const models::Conditioning& cond, const models::SamplerOptions& so) {
-  models::Conditioning inner = cond;
-  models::DiffusionModel* transformer = &model;
-  if (auto* t2i = dynamic_cast<models::TextToImageImpl*>(&model)) {
-    inner = t2i->encode(cond);
-    transformer = t2i->transformer.get();
-  }
-  auto* flux = dynamic_cast<models::FluxImpl*>(transformer);
-  if (!flux) throw trainer::ConfigError("--dump-inputs writes the reference Flux forward's inputs: model.arch must be flux");
-  const auto& o = flux->options;
-  const int64_t B = noise.size(0), h = noise.size(2) / o.patch, w = noise.size(3) / o.patch;
-  const at::Tensor& txt = inner.at("txt");
-  const at::Tensor t0 = models::sampling_times(so.steps, so.shift)[0];
-  data::NamedTensors inputs = {{"img", models::pack_latents(noise, o.patch).contiguous()},
-                               {"img_ids", models::image_ids(B, h, w, noise.options()).contiguous()},
-                               {"txt", txt.contiguous()},
-                               {"txt_ids", at::zeros({B, txt.size(1), 3}, txt.options().dtype(at::kFloat))},
-                               {"y", inner.at("vec").contiguous()},
-                               {"timesteps", t0.expand({B}).to(at::kFloat).contiguous()}};
-  if (o.guidance_embed) inputs.emplace_back("guidance", inner.at("guidance").contiguous());
-  for (auto& [name, t] : inputs) t = t.to(at::kCPU, at::kFloat);  // the reference's dtype, whatever autocast made
-  data::write_safetensors(path, inputs, {{"cfg_scale", std::to_string(so.cfg_scale)}, {"steps", std::to_string(so.steps)}});
-  spdlog::info("wrote the first sampling step's inputs to {}", path);
-}
-
 int cmd_sample(const ConfigArgs& args, SampleArgs a) {
   trainer::Config c = args.load();
   if (a.cfg_scale >= 0) c.sample.cfg_scale = a.cfg_scale;
@@ -140,10 +110,19 @@ int cmd_sample(const ConfigArgs& args, SampleArgs a) {
   const bool from_prompts = !a.prompts.empty() || !a.prompts_file.empty();
   if (!a.prompts.empty() && !a.prompts_file.empty()) throw trainer::ConfigError("give --prompt or --prompts, not both");
   if (a.per_prompt < 1) throw trainer::ConfigError("--per-prompt must be >= 1");
-  if (from_prompts && !trainer::has_builtin_text_encoder(c.model))
-    throw trainer::ConfigError(fmt::format("--prompt / --prompts need a model with the built-in text encoder "
-                                           "(model.arch flux, model.text_encoder_layers > 0); this config has {}",
+  if (from_prompts && !trainer::reads_caption_tokens(c.model))
+    throw trainer::ConfigError(fmt::format("--prompt / --prompts need a model that reads captions through its own text "
+                                           "encoder (model.text_encoder_layers > 0); this config's model.arch {} does "
+                                           "not",
                                            c.model.arch));
+  const trainer::FamilySpec& family = trainer::model_family(c.model.arch);
+  if (!a.dump_inputs.empty() && !family.dump_reference_inputs)
+    throw trainer::ConfigError(fmt::format(
+        "--dump-inputs writes the inputs of a reference implementation's forward; model.arch {} has none (those that "
+        "do: {})",
+        c.model.arch,
+        fmt::join(trainer::arch_names_where([](const trainer::FamilySpec& f) { return bool(f.dump_reference_inputs); }),
+                  "|")));
   trainer::setup_logging("");
   trainer::configure_threads(c.train);
   const c10::Device device = trainer::select_device(c.run);
@@ -170,7 +149,7 @@ int cmd_sample(const ConfigArgs& args, SampleArgs a) {
     models::AutocastRegion autocast(c.train.bf16_autocast(), device.type());  // as training samples
     if (!a.dump_inputs.empty()) {
       const at::Tensor noise = trainer::sample_noise(model, num, c.sample.seed).to(device);
-      dump_flux_inputs(a.dump_inputs, model, noise, rows(at::arange(num, at::kLong)).to(device), so);
+      family.dump_reference_inputs(a.dump_inputs, model, noise, rows(at::arange(num, at::kLong)).to(device), so);
     }
     models::VelocityFn velocity = [&](const at::Tensor& x, const at::Tensor& t, const models::Conditioning& cond) {
       return model.forward(x, t, cond);
@@ -338,7 +317,7 @@ int main(int argc, char** argv) {
   // Past a file-size limit (ulimit -f) a write fails with EFBIG instead of killing the process:
   // a checkpoint that cannot be written is an error the run reports (checkpoint.on_error).
   std::signal(SIGXFSZ, SIG_IGN);
-  CLI::App app{"flowtrain: native C++ trainer for diffusion transformers (DiT) with flow matching"};
+  CLI::App app{"flowtrain: native C++ trainer for diffusion transformers with flow matching"};
   app.set_version_flag("--version", std::string("flowtrain ") + FLOWTRAIN_VERSION);
   app.require_subcommand(1);
 

@@ -6,7 +6,7 @@
 #include "models/fp8/recipe.h"
 #include "trainer/health/batch_ordinals.h"
 
-#include "trainer/model_registry.h"
+#include "trainer/family.h"
 
 #include <yaml-cpp/yaml.h>
 
@@ -31,7 +31,7 @@ namespace flowtrain::trainer {
 namespace {
 
 // ---------------------------------------------------------------------------------------------
-// Model size presets. The single source for both resolved_*() and the model.size choices.
+// Text helpers.
 
 std::string join(const std::vector<std::string>& items, const std::string& sep) {
   std::string out;
@@ -71,9 +71,12 @@ struct Allowed {
   std::optional<double> lo, hi;
   bool lo_open = false, hi_open = false;
   std::vector<std::string> choices;  // empty = any string
+  // Choices known only when asked (the registered model families: a test may add one).
+  std::function<std::vector<std::string>()> choices_now;
   bool non_empty = false;
 
   std::string describe() const {
+    if (choices_now) return "one of " + join(choices_now(), "|");
     if (!choices.empty()) return "one of " + join(choices, "|");
     if (non_empty) return "a non-empty string";
     auto num = [](double v) {
@@ -96,6 +99,10 @@ struct Allowed {
 
   bool admits(const std::string& v) const {
     if (non_empty && v.empty()) return false;
+    if (choices_now) {
+      const std::vector<std::string> now = choices_now();
+      return std::find(now.begin(), now.end(), v) != now.end();
+    }
     return choices.empty() || std::find(choices.begin(), choices.end(), v) != choices.end();
   }
 };
@@ -119,6 +126,11 @@ Allowed range(const char* brackets, double lo, double hi) {
   a.hi = hi;
   a.lo_open = brackets[0] == '(';
   a.hi_open = brackets[1] == ')';
+  return a;
+}
+Allowed one_of_registered(std::function<std::vector<std::string>()> choices) {
+  Allowed a;
+  a.choices_now = std::move(choices);
   return a;
 }
 Allowed one_of(std::vector<std::string> choices) {
@@ -195,8 +207,8 @@ std::vector<Section> build_schema() {
                   .section);
 
   s.push_back(section("model", &Config::model)
-                  .add("arch", &ModelConfig::arch, one_of(model_arch_names()), "model family")
-                  .add("size", &ModelConfig::size, one_of(model_size_names()), "preset for hidden/depth/heads")
+                  .add("arch", &ModelConfig::arch, one_of_registered(model_arch_names), "model family")
+                  .add("size", &ModelConfig::size, one_of_registered(model_size_names), "preset for hidden/depth/heads")
                   .add("hidden", &ModelConfig::hidden, at_least(0), "width; 0 = from size")
                   .add("depth", &ModelConfig::depth, at_least(0), "transformer blocks (flux: double-stream); 0 = from size")
                   .add("heads", &ModelConfig::heads, at_least(0), "attention heads; 0 = from size")

@@ -3,8 +3,8 @@
 // Loading goes YAML file → (apply `--set section.key=value` overrides) → typed structs →
 // validate(). Every failure is a ConfigError whose message names the file (or "--set"), the
 // dotted key and what was allowed, e.g.
-//   configs/x.yaml:12: unknown key 'optim.lrr' (did you mean 'optim.lr'?)
-//   configs/x.yaml:7: 'train.steps' must be an integer >= 1, got 'ten'
+//   run.yaml:12: unknown key 'optim.lrr' (did you mean 'optim.lr'?)
+//   run.yaml:7: 'train.steps' must be an integer >= 1, got 'ten'
 // Nothing is done with a config that did not validate.
 #pragma once
 
@@ -27,7 +27,7 @@ struct RunConfig {
 };
 
 struct ModelConfig {
-  std::string arch = "dit";     // dit | flux (trainer/model_registry.h)
+  std::string arch = "dit";     // a registered model family (trainer/family.h; trainer/families/)
   std::string size = "S";       // dit: tiny | S | B | L | XL; flux: flux-dev | flux-schnell | flux-small | flux-tiny
   int64_t hidden = 0;           // 0 = from size
   int64_t depth = 0;            // 0 = from size (flux: double-stream blocks)
@@ -52,7 +52,7 @@ struct ModelConfig {
   bool learn_sigma = false;     // true: output 2·C channels as the original DiT (second half unused)
   double mlp_ratio = 4.0;
 
-  // Resolved from the family's size preset unless given explicitly (trainer/model_registry.h).
+  // Resolved from the family's size preset unless given explicitly (trainer/family.h).
   int64_t resolved_hidden() const;
   int64_t resolved_depth() const;
   int64_t resolved_heads() const;

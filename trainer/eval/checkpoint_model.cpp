@@ -8,7 +8,7 @@ namespace flowtrain::trainer {
 
 CheckpointModel load_checkpoint_model(const Config& config, const std::string& checkpoint_dir, bool raw,
                                       const c10::Device& device) {
-  const ModelFamily& family = model_family(config.model.arch);
+  const FamilySpec& family = model_family(config.model.arch);
   CheckpointModel out;
   out.conditioning = run_conditioning(config, nullptr);
   const CheckpointContents checkpoint = load_checkpoint(checkpoint_dir);

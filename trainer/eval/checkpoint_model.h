@@ -4,7 +4,7 @@
 
 #include "models/model.h"
 #include "trainer/config/config.h"
-#include "trainer/model_registry.h"
+#include "trainer/family.h"
 #include "trainer/run_conditioning.h"
 
 #include <c10/core/Device.h>

@@ -8,7 +8,7 @@
 #include "models/classifier.h"
 #include "models/flow_matching.h"
 #include "trainer/builders.h"
-#include "trainer/model_registry.h"
+#include "trainer/family.h"
 #include "trainer/checkpoint/checkpoint.h"
 #include "trainer/eval/classifier_cache.h"
 #include "trainer/checkpoint/file_util.h"

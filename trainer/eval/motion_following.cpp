@@ -11,7 +11,7 @@
 #include "trainer/eval/data_set_manifest.h"
 #include "trainer/eval/evaluate.h"
 #include "trainer/eval/prompt_following.h"  // kForeground, kMinForeground: one rule for what is garment
-#include "trainer/model_registry.h"
+#include "trainer/family.h"
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -288,9 +288,9 @@ void check_motion_following_config(const Config& c, const models::DiffusionModel
     throw ConfigError(fmt::format("{}: motion following judges RGB clips of frames at least 16×16; the model makes {} "
                                   "('model.in_channels', 'model.frames', 'model.image_size')",
                                   where, fmt::join(shape, "×")));
-  if (!has_builtin_text_encoder(c.model))
-    throw ConfigError(fmt::format("{}: motion following generates the evaluation prompts, which needs the built-in "
-                                  "text encoder (model.arch flux, 'model.text_encoder_layers' > 0)",
+  if (!reads_caption_tokens(c.model))
+    throw ConfigError(fmt::format("{}: motion following generates the evaluation prompts, which needs a model that "
+                                  "reads captions through its own text encoder ('model.text_encoder_layers' > 0)",
                                   where));
   const auto prompts = static_cast<int64_t>(load_motion_prompts(c.data.path).size());
   if (c.eval.num < 1 || c.eval.num > prompts)

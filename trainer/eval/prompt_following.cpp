@@ -9,7 +9,7 @@
 #include "trainer/eval/evaluate.h"
 #include "trainer/eval/quality.h"
 #include "trainer/eval/validation_loss.h"
-#include "trainer/model_registry.h"
+#include "trainer/family.h"
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -145,9 +145,9 @@ void check_judgeable_run(const Config& c) {
   const std::string where = c.source_path.empty() ? std::string("config") : c.source_path;
   // Precomputed embeddings hold the training captions only: there would be nothing to condition
   // the evaluation prompts on.
-  if (!has_builtin_text_encoder(c.model))
-    throw ConfigError(fmt::format("{}: prompt following generates the evaluation prompts, which needs the built-in "
-                                  "text encoder (model.arch flux, 'model.text_encoder_layers' > 0)",
+  if (!reads_caption_tokens(c.model))
+    throw ConfigError(fmt::format("{}: prompt following generates the evaluation prompts, which needs a model that "
+                                  "reads captions through its own text encoder ('model.text_encoder_layers' > 0)",
                                   where));
   const auto prompts = static_cast<int64_t>(data::load_eval_prompts(c.data.path).size());
   // The Fréchet distance compares eval.num samples with as many training canvases.

@@ -9,7 +9,7 @@
 #include "models/flow_matching.h"
 #include "parallel/env.h"
 #include "trainer/builders.h"
-#include "trainer/model_registry.h"
+#include "trainer/family.h"
 #include "trainer/telemetry/memory_stats.h"
 #include "trainer/trainer.h"
 
@@ -320,12 +320,16 @@ std::string BenchReport::table_lines() const {
 double write_parity_dump(const Config& c, const std::string& path) {
   // Exactly the trainer's first micro-batch: same initialisation seed, same first batch of the
   // loader, same per-step generator (trainer.cpp: Trainer::train_step).
-  const bool flux = c.model.arch == "flux";
-  if (flux && (!has_builtin_text_encoder(c.model) || flux_options(c.model).guidance_embed))
-    throw ConfigError("--parity-dump: bench/pytorch_peer.py implements Flux with the built-in text encoder "
-                      "(model.text_encoder_layers > 0) and no guidance embedding");
+  const FamilySpec& family = model_family(c.model.arch);
+  if (!family.reference_metadata)
+    throw ConfigError(fmt::format("--parity-dump: bench/pytorch_peer.py has no peer of model.arch {} (it has: {})",
+                                  c.model.arch,
+                                  fmt::join(arch_names_where([](const FamilySpec& f) { return bool(f.reference_metadata); }),
+                                            "|")));
+  // The family's architecture entries first: they refuse what the peer cannot build.
+  const std::map<std::string, std::string> architecture = family.reference_metadata(c.model);
   at::manual_seed(static_cast<uint64_t>(c.run.seed));
-  const std::shared_ptr<models::DiffusionModel> model = build_model(c.model);
+  const std::shared_ptr<models::DiffusionModel> model = family.build(c.model);
   const FirstMicroBatch first = first_micro_batch(c, *model);
   const at::Tensor& x0 = first.x0;
   const models::FlowMatchingDraw& draw = first.draw;
@@ -373,25 +377,7 @@ double write_parity_dump(const Config& c, const std::string& path) {
       {"shift", fmt::format("{}", time_shift(c))},
       {"activation_checkpointing", c.train.activation_checkpointing},
       {"tf32", c.train.tf32 ? "true" : "false"}};
-  if (flux) {
-    const models::FluxOptions o = flux_options(c.model);
-    meta.insert({{"depth_single", std::to_string(o.depth_single)},
-                 {"context_dim", std::to_string(o.context_dim)},
-                 {"vec_dim", std::to_string(o.vec_dim)},
-                 {"axes_dim", fmt::format("{}", fmt::join(o.axes_dim, ","))},
-                 {"theta", fmt::format("{}", o.theta)},
-                 {"guidance_embed", o.guidance_embed ? "true" : "false"},
-                 {"text_len", std::to_string(o.text_len)},
-                 {"text_encoder_layers", std::to_string(c.model.text_encoder_layers)},
-                 {"text_encoder_heads", std::to_string(c.model.text_encoder_heads)},
-                 {"vocab_size", std::to_string(c.model.vocab_size)},
-                 {"text_dropout", fmt::format("{}", c.model.text_dropout)}});
-  } else {
-    const models::DiTOptions o = dit_options(c.model);
-    meta.insert({{"num_classes", std::to_string(o.num_classes)},
-                 {"learn_sigma", o.learn_sigma ? "true" : "false"},
-                 {"timestep_scale", fmt::format("{}", o.timestep_scale)}});
-  }
+  meta.insert(architecture.begin(), architecture.end());
   data::write_safetensors(path, out, meta);
   return loss.item<double>();
 }

@@ -1,0 +1,42 @@
+#include "trainer/families/common.h"
+
+#include <fmt/format.h>
+
+#include <stdexcept>
+
+namespace flowtrain::trainer::families {
+
+void check_patch_transformer(const ModelConfig& model) {
+  const int64_t hidden = model.resolved_hidden();
+  const int64_t heads = model.resolved_heads();
+  auto hidden_text = "'model.hidden' (" + std::to_string(hidden) + (model.hidden > 0 ? "" : ", from model.size") + ")";
+  if (hidden % heads != 0)
+    throw ConfigError(hidden_text + " must be divisible by 'model.heads' (" + std::to_string(heads) +
+                      (model.heads > 0 ? "" : ", from model.size") + ")");
+  if (model.image_size % model.patch != 0)
+    throw ConfigError("'model.image_size' (" + std::to_string(model.image_size) + ") must be divisible by 'model.patch' (" +
+                      std::to_string(model.patch) + ")");
+  // The patch embedding maps patch² × channels values to the hidden width. Narrower, it has a
+  // null space: the noise there is never seen, so never removed, and stays in every sample (a
+  // 147 → 128 map on 7×7 RGB patches left 19/147 of the noise: speckle over every canvas).
+  const int64_t patch_values = model.patch_t * model.patch * model.patch * model.in_channels;
+  if (patch_values > hidden)
+    throw ConfigError(fmt::format("{} is narrower than a patch's {} values ('model.patch' {}² × 'model.in_channels' {}): "
+                                  "the model could never remove the noise in the other {} dimensions; use a wider "
+                                  "model.hidden or a smaller model.patch{}",
+                                  hidden_text, patch_values, model.patch, model.in_channels, patch_values - hidden,
+                                  model.patch_t > 1 ? fmt::format(" (values also × 'model.patch_t' {})", model.patch_t) : ""));
+}
+
+ModelPreset preset_from(const std::string& size, const std::string& family_name,
+                        const std::function<ModelPreset(const std::string&)>& by_name,
+                        const std::vector<std::string>& names) {
+  try {
+    return by_name(size);
+  } catch (const std::invalid_argument&) {
+    throw ConfigError(fmt::format("'model.size' '{}' is not a {} size (one of {})", size, family_name,
+                                  fmt::join(names, "|")));
+  }
+}
+
+}  // namespace flowtrain::trainer::families

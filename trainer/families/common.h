@@ -1,0 +1,24 @@
+// Rules every patch-token transformer family applies to its model section.
+#pragma once
+
+#include "trainer/config/config.h"
+#include "trainer/family.h"
+
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace flowtrain::trainer::families {
+
+// model.hidden divisible by model.heads, model.image_size by model.patch, and a patch's values
+// (patch_t · patch² · in_channels) no more than model.hidden. Throws ConfigError naming the keys.
+void check_patch_transformer(const ModelConfig& model);
+
+// A family's preset of `size` from its options-by-name function (which throws
+// std::invalid_argument for a foreign name), as the ConfigError "'model.size' 'X' is not a
+// <family> size (one of …)".
+ModelPreset preset_from(const std::string& size, const std::string& family_name,
+                        const std::function<ModelPreset(const std::string&)>& by_name,
+                        const std::vector<std::string>& names);
+
+}  // namespace flowtrain::trainer::families
