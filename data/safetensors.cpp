@@ -266,29 +266,11 @@ SafetensorsReader::SafetensorsReader(std::string bytes, const std::string& name)
   parse(where);
 }
 
-void SafetensorsReader::parse(const std::string& where) {
-  const unsigned char* base = mapping_->data;
-  const uint64_t file_size = mapping_->size;
+namespace {
 
-  // Header length: bounded, and within the file.
-  const uint64_t header_len = read_le_u64(base);
-  if (header_len > kMaxHeaderBytes)
-    throw DataError(where + "header length " + std::to_string(header_len) + " exceeds the limit of " +
-                    std::to_string(kMaxHeaderBytes) + " bytes (not a safetensors file, or corrupt)");
-  if (header_len > file_size - 8)
-    throw DataError(where + "header length " + std::to_string(header_len) + " extends beyond the file size of " +
-                    std::to_string(file_size) + " bytes (truncated?)");
-  buffer_offset_ = 8 + header_len;
-  const uint64_t buffer_size = file_size - buffer_offset_;
-  const char* header_begin = reinterpret_cast<const char*>(base + 8);
-  const char* header_end = header_begin + header_len;
-
-  // The reference requires the header to start with '{' (no leading whitespace).
-  if (header_len == 0 || header_begin[0] != '{')
-    throw DataError(where + "header is not a JSON object (expected it to start with '{')");
-
-  // nlohmann keeps the last of duplicate keys silently; track the keys of every open object
-  // through the parser callback to see them.
+// The header's JSON, refusing duplicate keys: nlohmann keeps the last of them silently, so the
+// keys of every open object are tracked through the parser callback.
+nlohmann::json parse_header_json(const std::string& where, const char* header_begin, const char* header_end) {
   std::vector<std::set<std::string>> open_objects;
   std::string duplicate;
   const auto callback = [&](int /*depth*/, nlohmann::json::parse_event_t event, nlohmann::json& parsed) {
@@ -311,6 +293,68 @@ void SafetensorsReader::parse(const std::string& where) {
     throw DataError(where + "header is not valid UTF-8 JSON: " + e.what());
   }
   if (!duplicate.empty()) throw DataError(where + "duplicate key '" + duplicate + "' in the header");
+  return header;
+}
+
+// Where a tensor's bytes lie in the data buffer.
+struct Span {
+  uint64_t begin, end;
+  std::string name;
+};
+
+// The tensors' names in buffer order, after checking that their offsets tile [0, buffer_size)
+// exactly: no overlaps (two tensors aliasing bytes), no gaps (unaccounted bytes a writer could
+// hide anything in), as the reference validates.
+std::vector<std::string> names_in_buffer_order(const std::string& where, std::vector<Span> spans, uint64_t buffer_size) {
+  std::vector<std::string> names;
+  std::sort(spans.begin(), spans.end(),
+            [](const Span& a, const Span& b) { return std::tie(a.begin, a.end, a.name) < std::tie(b.begin, b.end, b.name); });
+  uint64_t covered = 0;
+  const std::string* previous = nullptr;
+  for (const auto& s : spans) {
+    if (s.begin < covered)
+      throw DataError(where + "tensor '" + s.name + "' at data_offsets [" + std::to_string(s.begin) + ", " +
+                      std::to_string(s.end) + "] overlaps tensor '" + *previous + "' (which ends at " +
+                      std::to_string(covered) + ")");
+    if (s.begin > covered)
+      throw DataError(where + "gap of " + std::to_string(s.begin - covered) + " bytes in the data buffer at [" +
+                      std::to_string(covered) + ", " + std::to_string(s.begin) + ") before tensor '" + s.name +
+                      "' (offsets must tile the buffer)");
+    covered = s.end;
+    previous = &s.name;
+    names.push_back(s.name);
+  }
+  if (covered != buffer_size)
+    throw DataError(where + "gap of " + std::to_string(buffer_size - covered) +
+                    " bytes at the end of the data buffer not covered by any tensor (offsets must tile the buffer of " +
+                    std::to_string(buffer_size) + " bytes)");
+  return names;
+}
+
+}  // namespace
+
+void SafetensorsReader::parse(const std::string& where) {
+  const unsigned char* base = mapping_->data;
+  const uint64_t file_size = mapping_->size;
+
+  // Header length: bounded, and within the file.
+  const uint64_t header_len = read_le_u64(base);
+  if (header_len > kMaxHeaderBytes)
+    throw DataError(where + "header length " + std::to_string(header_len) + " exceeds the limit of " +
+                    std::to_string(kMaxHeaderBytes) + " bytes (not a safetensors file, or corrupt)");
+  if (header_len > file_size - 8)
+    throw DataError(where + "header length " + std::to_string(header_len) + " extends beyond the file size of " +
+                    std::to_string(file_size) + " bytes (truncated?)");
+  buffer_offset_ = 8 + header_len;
+  const uint64_t buffer_size = file_size - buffer_offset_;
+  const char* header_begin = reinterpret_cast<const char*>(base + 8);
+  const char* header_end = header_begin + header_len;
+
+  // The reference requires the header to start with '{' (no leading whitespace).
+  if (header_len == 0 || header_begin[0] != '{')
+    throw DataError(where + "header is not a JSON object (expected it to start with '{')");
+
+  const nlohmann::json header = parse_header_json(where, header_begin, header_end);
   if (!header.is_object()) throw DataError(where + "header is not a JSON object");
 
   // Reads a non-negative integer of a tensor entry; floats and negatives are errors.
@@ -319,10 +363,6 @@ void SafetensorsReader::parse(const std::string& where) {
     return v.get<uint64_t>();
   };
 
-  struct Span {
-    uint64_t begin, end;
-    std::string name;
-  };
   std::vector<Span> spans;
   for (const auto& [name, value] : header.items()) {
     if (name == "__metadata__") {
@@ -382,29 +422,7 @@ void SafetensorsReader::parse(const std::string& where) {
     entries_.emplace(name, std::move(entry));
   }
 
-  // The offsets must tile [0, buffer_size) exactly: no overlaps (two tensors aliasing bytes), no
-  // gaps (unaccounted bytes a writer could hide anything in), as the reference validates.
-  std::sort(spans.begin(), spans.end(),
-            [](const Span& a, const Span& b) { return std::tie(a.begin, a.end, a.name) < std::tie(b.begin, b.end, b.name); });
-  uint64_t covered = 0;
-  const std::string* previous = nullptr;
-  for (const auto& s : spans) {
-    if (s.begin < covered)
-      throw DataError(where + "tensor '" + s.name + "' at data_offsets [" + std::to_string(s.begin) + ", " +
-                      std::to_string(s.end) + "] overlaps tensor '" + *previous + "' (which ends at " +
-                      std::to_string(covered) + ")");
-    if (s.begin > covered)
-      throw DataError(where + "gap of " + std::to_string(s.begin - covered) + " bytes in the data buffer at [" +
-                      std::to_string(covered) + ", " + std::to_string(s.begin) + ") before tensor '" + s.name +
-                      "' (offsets must tile the buffer)");
-    covered = s.end;
-    previous = &s.name;
-    keys_.push_back(s.name);
-  }
-  if (covered != buffer_size)
-    throw DataError(where + "gap of " + std::to_string(buffer_size - covered) +
-                    " bytes at the end of the data buffer not covered by any tensor (offsets must tile the buffer of " +
-                    std::to_string(buffer_size) + " bytes)");
+  keys_ = names_in_buffer_order(where, std::move(spans), buffer_size);
 }
 
 const std::vector<std::string>& SafetensorsReader::keys() const { return keys_; }

@@ -46,15 +46,13 @@ ShardPart shard_part(const FsdpUnitLayout& unit, const FsdpParamLayout& param, i
   return begin < stop ? ShardPart{begin - first, stop - begin} : ShardPart{};
 }
 
-ReductionFault reduction_fault_from_env() {
-  const char* v = std::getenv("FLOWTRAIN_FAULT_REDUCTION");
-  if (!v || !*v) return ReductionFault::None;
-  const std::string s = v;
+ReductionFault parse_reduction_fault(const std::string& s) {
+  if (s == "none") return ReductionFault::None;
   if (s == "sum_over_shard_group") return ReductionFault::SumOverShardGroup;
   if (s == "no_context_sum") return ReductionFault::NoContextSum;
   if (s == "sum_over_replicas") return ReductionFault::SumOverReplicas;
-  throw std::invalid_argument("FLOWTRAIN_FAULT_REDUCTION='" + s +
-                              "': expected sum_over_shard_group, no_context_sum or sum_over_replicas");
+  throw std::invalid_argument("reduction fault '" + s +
+                              "': expected none, sum_over_shard_group, no_context_sum or sum_over_replicas");
 }
 
 namespace {

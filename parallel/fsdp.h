@@ -58,16 +58,16 @@
 namespace flowtrain::parallel {
 
 // Deliberately wrong gradient reductions, for the tests that must show the equivalence checks
-// catch each reduction factor (FLOWTRAIN_FAULT_REDUCTION; never set in a real run).
+// catch each reduction factor (config debug.inject.reduction, refused unless debug.allow_inject).
 enum class ReductionFault {
   None,
   SumOverShardGroup,     // sum instead of the data-parallel mean: gradients × (dp_shard · cp)
   NoContextSum,          // the × cp for context ranks' partial sums skipped: gradients ÷ cp
   SumOverReplicas,       // HSDP replicas summed instead of averaged: gradients × dp_replicate
 };
-// Parses FLOWTRAIN_FAULT_REDUCTION (sum_over_shard_group | no_context_sum | sum_over_replicas);
-// unset or empty = None. Throws std::invalid_argument on another value.
-ReductionFault reduction_fault_from_env();
+// none | sum_over_shard_group | no_context_sum | sum_over_replicas; throws std::invalid_argument on
+// another value.
+ReductionFault parse_reduction_fault(const std::string& name);
 
 struct FsdpOptions {
   bool reshard_after_forward = true;

@@ -6,9 +6,11 @@
 namespace flowtrain::parallel {
 
 at::Tensor gather_rows(Comm& group, const at::Tensor& mine) {
-  const at::Tensor in = mine.contiguous();
+  // Comm::all_gather concatenates along dim 0 (the backends check the output is `mine` with dim 0
+  // times the group's size), so gather [1, …] rows and read them back as [size, …].
+  const at::Tensor in = mine.contiguous().unsqueeze(0);
   std::vector<int64_t> shape = in.sizes().vec();
-  shape.insert(shape.begin(), group.size());
+  shape[0] = group.size();
   at::Tensor all = at::empty(shape, in.options());
   group.all_gather(all, in)->wait();
   return all.cpu();

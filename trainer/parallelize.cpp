@@ -19,7 +19,8 @@ parallel::FsdpOptions fsdp_options(const Config& c) {
   o.reduce_dtype = c.parallel.reduce_dtype == "bf16" ? at::kBFloat16 : at::kFloat;
   o.reduce_every_micro_batch = c.parallel.reduce_every_micro_batch;
   o.context_parallel = c.parallel.cp;
-  o.fault = parallel::reduction_fault_from_env();
+  // Schema-checked; the config refuses it unless debug.allow_inject.
+  o.fault = parallel::parse_reduction_fault(c.debug.reduction);
   return o;
 }
 
@@ -99,7 +100,8 @@ Parallelized parallelize_transformer(models::DiffusionModel& model, ParallelizeI
   options.fp8_weights = std::move(inputs.fp8_weights);
   out.fsdp = std::make_unique<parallel::FullyShardedModule>(model, model.units(), shard, replicate, options);
   if (options.fault != parallel::ReductionFault::None)
-    spdlog::warn("FLOWTRAIN_FAULT_REDUCTION is set: gradients are reduced WRONGLY on purpose (a test of the checks)");
+    spdlog::warn("debug.inject.reduction is {}: gradients are reduced WRONGLY on purpose (a test of the checks)",
+                 config.debug.reduction);
 
   // 3. Activation checkpointing inside FSDP's run_unit: a block's forward, and its recompute in
   // backward, run while the unit's weights are gathered.

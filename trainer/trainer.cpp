@@ -16,8 +16,7 @@
 #include "trainer/family.h"
 #include "trainer/ema.h"
 #include "trainer/eval/evaluate.h"
-#include "trainer/eval/motion_following.h"
-#include "trainer/eval/prompt_following.h"
+#include "trainer/eval/evaluator.h"
 #include "trainer/checkpoint/file_util.h"
 #include "trainer/checkpoint/state_dict.h"
 #include "trainer/telemetry/memory_stats.h"
@@ -137,7 +136,10 @@ Trainer::Trainer(Config config, TrainerHooks hooks) : config_(std::move(config))
   fp8_ = apply_fp8(*model, config_, device_);  // before sharding: FSDP gathers into the same modules
   // fp8.all_gather's checks (recipe, sharding) before anything is written.
   auto fp8_gathered = fp8_all_gather_weights(fp8_, config_, distributed);
-  if (config_.eval.every > 0) check_eval_config(config_, *model);  // every rank, up front
+  if (config_.eval.every > 0) {  // every rank, up front
+    evaluator_ = make_evaluator(config_);
+    evaluator_->check(config_, *model);
+  }
   if (distributed) {
     parallel::RuntimeOptions ro{env_, shape, config_.parallel.backend, config_.parallel.timeout_s, device_};
     runtime_ = parallel::Runtime::create(ro);  // rendezvous: every rank arrives or all fail
@@ -150,7 +152,6 @@ Trainer::Trainer(Config config, TrainerHooks hooks) : config_(std::move(config))
   }
   const int threads = configure_threads(threading);
   model->to(device_);
-  const int64_t blocks = static_cast<int64_t>(model->units().blocks.size());
   spdlog::info("model: {}: {:.2f}M parameters, {:.3f} GFLOP per training sample (3× forward)", model->describe(),
                models::count_parameters(*model) / 1e6, model->train_flops_per_sample() / 1e9);
   spdlog::info("device {}, {} CPU threads, precision {}, global batch {} ({} data-parallel ranks × {} micro-batches "
@@ -161,31 +162,11 @@ Trainer::Trainer(Config config, TrainerHooks hooks) : config_(std::move(config))
   // Context parallelism, FSDP and activation checkpointing, as the model's family orders them.
   Parallelized parallelized = family.parallelize(*model, {&config_, runtime_.get(), std::move(fp8_gathered)});
   const std::string cp_attention = parallelized.context_attention;
-  if (runtime_) {
+  if (runtime_)
     state_ = make_sharded_train_state(model, config_, *runtime_, std::move(parallelized));
-    spdlog::info("FSDP over {} ({} backend): {} block units, stem and head{}, {:.1f} MiB of training state on this rank",
-                 runtime_->mesh().describe(), runtime_->backend(), blocks,
-                 config_.fp8.all_gather ? " (and their '.fp8' siblings for fp8 all-gather)" : "",
-                 state_->state_bytes() / 1048576.0);
-    if (!cp_attention.empty())
-      spdlog::info("context parallelism: {} tokens per sample split over {} ranks ({} per rank), {} attention{}",
-                   model->tokens_per_sample(), config_.parallel.cp, model->tokens_per_sample() / config_.parallel.cp,
-                   cp_attention,
-                   cp_attention == "hybrid" ? fmt::format(" (Ulysses over {} adjacent ranks, ring across {} groups)",
-                                                          config_.parallel.cp_ulysses,
-                                                          config_.parallel.cp / config_.parallel.cp_ulysses)
-                                            : "");
-  } else {
+  else
     state_ = make_local_train_state(model, config_);
-  }
-  if (config_.train.activation_checkpointing != "none") {
-    const std::string& mode = config_.train.activation_checkpointing;
-    int64_t recomputed = 0;
-    for (int64_t i = 0; i < blocks; ++i)  // every_th is the same rule for blocks and sublayers
-      recomputed += parallel::checkpoint_block("full", config_.train.activation_checkpointing_every, i);
-    spdlog::info("activation checkpointing: {}{} of {} blocks recomputed in backward",
-                 mode == "full" ? "" : "the " + mode + " sublayer of ", recomputed, blocks);
-  }
+  log_parallel_layout(*model, cp_attention);
   schedule_ = {config_.optim.lr, config_.optim.warmup_steps, config_.optim.schedule, config_.train.steps,
                config_.optim.min_lr_ratio};
   timesteps_ = timestep_sampler(config_);
@@ -223,7 +204,42 @@ Trainer::Trainer(Config config, TrainerHooks hooks) : config_(std::move(config))
   telemetry_ = BlockTelemetry(config_.health.telemetry_every);
   health_->set_skipped_updates(progress_.skipped_updates);
   if (progress_.step > 0) health_->record_event(progress_.step, "resume");
-  SaveGroup group{env_.rank, {}};
+  make_checkpoint_saver();
+  if (!lead()) spdlog::set_level(spdlog::level::warn);  // rank 0 narrates; the others speak up on problems
+}
+
+void Trainer::log_parallel_layout(const models::DiffusionModel& model, const std::string& cp_attention) const {
+  const int64_t blocks = static_cast<int64_t>(model.units().blocks.size());
+  if (runtime_) {
+    spdlog::info("FSDP over {} ({} backend): {} block units, stem and head{}, {:.1f} MiB of training state on this rank",
+                 runtime_->mesh().describe(), runtime_->backend(), blocks,
+                 config_.fp8.all_gather ? " (and their '.fp8' siblings for fp8 all-gather)" : "",
+                 state_->state_bytes() / 1048576.0);
+    if (!cp_attention.empty())
+      spdlog::info("context parallelism: {} tokens per sample split over {} ranks ({} per rank), {} attention{}",
+                   model.tokens_per_sample(), config_.parallel.cp, model.tokens_per_sample() / config_.parallel.cp,
+                   cp_attention,
+                   cp_attention == "hybrid" ? fmt::format(" (Ulysses over {} adjacent ranks, ring across {} groups)",
+                                                          config_.parallel.cp_ulysses,
+                                                          config_.parallel.cp / config_.parallel.cp_ulysses)
+                                            : "");
+  }
+  if (config_.train.activation_checkpointing != "none") {
+    const std::string& mode = config_.train.activation_checkpointing;
+    int64_t recomputed = 0;
+    for (int64_t i = 0; i < blocks; ++i)  // every_th is the same rule for blocks and sublayers
+      recomputed += parallel::checkpoint_block("full", config_.train.activation_checkpointing_every, i);
+    spdlog::info("activation checkpointing: {}{} of {} blocks recomputed in backward",
+                 mode == "full" ? "" : "the " + mode + " sublayer of ", recomputed, blocks);
+  }
+}
+
+void Trainer::make_checkpoint_saver() {
+  SaveGroup group{env_.rank, {}, {}};
+  if (faults_->pauses_checkpoints())
+    group.after_first_file = [faults = faults_.get()](int64_t step, const std::string& file) {
+      faults->after_first_checkpoint_file(step, file);
+    };
   if (runtime_) {
     group.all_ok = [this](bool ok) {  // from the saver's thread: the checkpoint group only
       at::Tensor votes = at::full({1}, ok ? 1 : 0, at::TensorOptions().dtype(at::kLong));
@@ -233,7 +249,6 @@ Trainer::Trainer(Config config, TrainerHooks hooks) : config_(std::move(config))
   }
   saver_ = std::make_unique<CheckpointSaver>((fs::path(config_.run.out_dir) / "checkpoints").string(),
                                              config_.checkpoint.keep, std::move(group), config_.checkpoint.async);
-  if (!lead()) spdlog::set_level(spdlog::level::warn);  // rank 0 narrates; the others speak up on problems
 }
 
 void Trainer::start_data() {
@@ -755,51 +770,12 @@ void Trainer::evaluate() {
                                    count);
     });
   });
-  if (lead() && config_.data.source == "compositions") {
-    const PromptFollowingReport p = score_prompt_following(samples, config_.data.path, config_.eval.classifier_dir, device_);
-    const std::map<std::string, double> values = {{"eval_prompt_accuracy", p.scores.prompt_accuracy},
-                                                  {"eval_heldout_prompt_accuracy", p.scores.heldout_prompt_accuracy},
-                                                  {"eval_object_accuracy", p.scores.object_accuracy},
-                                                  {"eval_class_accuracy", p.scores.class_accuracy},
-                                                  {"eval_color_accuracy", p.scores.color_accuracy},
-                                                  {"eval_position_accuracy", p.scores.position_accuracy},
-                                                  {"eval_fd", p.fd}};
-    metrics_->write(progress_.step, values);
-    if (tensorboard_) tensorboard_->add_scalars(values, progress_.step);
-    spdlog::info("eval at step {} ({} prompts, {} weights): prompt accuracy {:.1f}% (held-out pairs {:.1f}%, judge's "
-                 "ceiling {:.1f}%) | objects {:.1f}% | class {:.1f}% | colour {:.1f}% | position {:.1f}% | FD {:.3f} "
-                 "(floor {:.3f}) | {:.1f} s",
-                 progress_.step, p.scores.num, state_->has_ema() ? "EMA" : "raw", 100 * p.scores.prompt_accuracy,
-                 100 * p.scores.heldout_prompt_accuracy, 100 * p.prompt_accuracy_ceiling, 100 * p.scores.object_accuracy,
-                 100 * p.scores.class_accuracy, 100 * p.scores.color_accuracy, 100 * p.scores.position_accuracy, p.fd,
-                 p.fd_floor, seconds_since(t0));
-  } else if (lead() && judged_on_motion(config_)) {
-    const MotionFollowingReport m =
-        score_motion_following(samples, config_.data.path, config_.eval.classifier_dir, device_);
-    const std::map<std::string, double> values = {{"eval_prompt_accuracy", m.scores.prompt_accuracy},
-                                                  {"eval_class_accuracy", m.scores.class_accuracy},
-                                                  {"eval_color_accuracy", m.scores.color_accuracy},
-                                                  {"eval_direction_accuracy", m.scores.direction_accuracy},
-                                                  {"eval_temporal_consistency", m.scores.temporal_consistency}};
-    metrics_->write(progress_.step, values);
-    if (tensorboard_) tensorboard_->add_scalars(values, progress_.step);
-    spdlog::info("eval at step {} ({} prompts, {} weights): prompt accuracy {:.1f}% (judge's ceiling {:.1f}%) | "
-                 "class {:.1f}% | colour {:.1f}% | direction {:.1f}% | temporal consistency {:.1f}% | {:.1f} s",
-                 progress_.step, m.scores.num, state_->has_ema() ? "EMA" : "raw", 100 * m.scores.prompt_accuracy,
-                 100 * m.ceiling.prompt_accuracy, 100 * m.scores.class_accuracy, 100 * m.scores.color_accuracy,
-                 100 * m.scores.direction_accuracy, 100 * m.scores.temporal_consistency, seconds_since(t0));
-  } else if (lead()) {
-    QualityReport q = score_eval_samples(samples, state_->model(), config_, device_);
-    const std::map<std::string, double> values = {{"eval_fd", q.fd},
-                                                  {"eval_fd_floor", q.fd_floor},
-                                                  {"eval_class_accuracy", q.class_accuracy},
-                                                  {"eval_inception_score", q.inception_score}};
-    metrics_->write(progress_.step, values);
-    if (tensorboard_) tensorboard_->add_scalars(values, progress_.step);
-    spdlog::info("eval at step {} ({} samples, {} weights): FD {:.3f} (real-vs-real floor {:.3f}) | class accuracy "
-                 "{:.1f}% | IS {:.2f} | {:.1f} s",
-                 progress_.step, q.num, state_->has_ema() ? "EMA" : "raw", q.fd, q.fd_floor, 100 * q.class_accuracy,
-                 q.inception_score, seconds_since(t0));
+  if (lead()) {
+    const EvalScores scores = evaluator_->score(samples, state_->model(), config_, device_);
+    metrics_->write(progress_.step, scores.metrics);
+    if (tensorboard_) tensorboard_->add_scalars(scores.metrics, progress_.step);
+    spdlog::info("eval at step {} ({} {}, {} weights): {} | {:.1f} s", progress_.step, scores.num, scores.unit,
+                 state_->has_ema() ? "EMA" : "raw", scores.summary, seconds_since(t0));
   }
   barrier();
 }

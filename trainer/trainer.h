@@ -16,6 +16,7 @@
 #include "trainer/checkpoint/checkpoint.h"
 #include "trainer/checkpoint/checkpoint_saver.h"
 #include "trainer/config/config.h"
+#include "trainer/eval/evaluator.h"
 #include "trainer/health/block_telemetry.h"
 #include "trainer/health/fault_injection.h"
 #include "trainer/health/health_monitor.h"
@@ -97,6 +98,10 @@ class Trainer {
   data::Batch next_batch();
   // The loader (and key logs) from progress_: at the start and after a rollback.
   void start_data();
+  // The start-up lines on how the model was parallelised (FSDP, context parallelism, recompute).
+  void log_parallel_layout(const models::DiffusionModel& model, const std::string& cp_attention) const;
+  // The checkpoint saver, with its commit vote over the checkpoint group and any injected pause.
+  void make_checkpoint_saver();
   // health rollback: restores the newest complete checkpoint and continues past the batch of the
   // failed step (its ordinal joins skip_batches). Throws TrainingError when there is none.
   void rollback(const std::string& reason);
@@ -152,6 +157,7 @@ class Trainer {
   std::unique_ptr<StepProfiler> profiler_;          // null when profile.enabled is off
   TrainProgress progress_;
   std::unique_ptr<HealthMonitor> health_;
+  std::unique_ptr<Evaluator> evaluator_;  // the run's task's evaluation; null with eval.every 0
   std::unique_ptr<FaultInjector> faults_;
   BlockTelemetry telemetry_{0};
   int64_t rollbacks_ = 0;

@@ -134,9 +134,11 @@ TEST(DistFaults, RankKilledInsideACheckpointWriteLeavesTheLastCompleteCheckpoint
 
   const std::string run = base + "/run";
   RankJob job = straight;
-  job.args = tiny_train_args(run, sets);
+  std::vector<std::string> paused = sets;
+  paused.push_back("debug.allow_inject=true");
+  paused.push_back("debug.inject.checkpoint_pause=10:5:torn");
+  job.args = tiny_train_args(run, paused);
   job.log_dir = base;
-  job.extra_env = {"FLOWTRAIN_FAULT_CHECKPOINT_PAUSE=10:5:torn"};
   job.deadline = std::chrono::seconds(120);
   const flowtrain::parallel::LauncherStore store(0);
   const auto pids = start_ranks(job, store);

@@ -1,5 +1,5 @@
 // The equivalence checks must be able to see a wrong gradient reduction. Each reduction factor
-// of the sharded step is broken on purpose (FLOWTRAIN_FAULT_REDUCTION, parallel/fsdp.h) and the
+// of the sharded step is broken on purpose (debug.inject.reduction, parallel/fsdp.h) and the
 // run is compared with the single-process reference: expect_equivalent's checks must fail, and
 // the gradient norm must show the exact factor at step 1 (same weights, same batch).
 //
@@ -28,7 +28,10 @@ namespace {
 // `reference` fails through the gradient norm.
 void expect_caught(const std::string& reference, int world, const std::string& run,
                    const std::vector<std::string>& sets, const std::string& fault, double factor) {
-  run_world(world, run, sets, {"FLOWTRAIN_FAULT_REDUCTION=" + fault});
+  std::vector<std::string> faulty = sets;
+  faulty.push_back("debug.allow_inject=true");
+  faulty.push_back("debug.inject.reduction=" + fault);
+  run_world(world, run, faulty);
   const Difference d = compare_runs(reference, run);
   const bool losses_and_weights_pass =
       d.loss_rel <= kLossRelTol && d.weight_abs <= kWeightAbsTol && d.ema_abs <= kWeightAbsTol;

@@ -119,9 +119,10 @@ TEST(AsyncCheckpoint, PreemptionDuringAnInFlightSaveCommitsItAndTheStopCheckpoin
   const std::string run = scratch_dir("preempted");
   std::string args = "train -c " + source_path("tests/configs/tiny_fashion.yaml") + " --set run.out_dir=" + run +
                      " --set data.path=" + fashion_mnist_dir() +
-                     " --set checkpoint.every=5 --set train.steps=100000 --set train.threads=1";
+                     " --set checkpoint.every=5 --set train.steps=100000 --set train.threads=1"
+                     " --set debug.allow_inject=true --set debug.inject.checkpoint_pause=5:3";
   const std::string log = run + "/../preempted.log", pid_file = run + "/../preempted.pid";
-  std::system(("FLOWTRAIN_FAULT_CHECKPOINT_PAUSE=5:3 " + std::string(FLOWTRAIN_BINARY) + " " + args + " > " + log +
+  std::system((std::string(FLOWTRAIN_BINARY) + " " + args + " > " + log +
                " 2>&1 & echo $! > " + pid_file)
                   .c_str());
   const pid_t pid = std::stoi(read_file(pid_file));

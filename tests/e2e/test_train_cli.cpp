@@ -93,7 +93,8 @@ TEST(TrainCli, ResumeAndCrashRecoveryReproduceTheStraightRunBitForBit) {
                        " --set data.path=" + fashion_mnist_dir();
     for (const auto& s : every5) args += " --set " + s;
     const std::string pid_file = crashed + "/../crashed.pid", log = crashed + "/../crashed.log";
-    std::system(("FLOWTRAIN_FAULT_CHECKPOINT_PAUSE=10:120" + mode + " " + std::string(FLOWTRAIN_BINARY) + " " + args +
+    args += " --set debug.allow_inject=true --set debug.inject.checkpoint_pause=10:120" + mode;
+    std::system((std::string(FLOWTRAIN_BINARY) + " " + args +
                  " > " + log + " 2>&1 & echo $! > " + pid_file)
                     .c_str());
     const pid_t pid = std::stoi(read_file(pid_file));

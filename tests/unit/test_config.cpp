@@ -120,7 +120,7 @@ TEST(ConfigTest, AllKeysListsEverySettingInFileOrder) {
       "health.memory_window", "health.throughput_drop", "health.throughput_patience", "health.telemetry_every",
       "debug.allow_inject", "debug.inject.nan_grad_step", "debug.inject.nan_grad_rank", "debug.inject.nan_grad_param",
       "debug.inject.spike_step", "debug.inject.spike_factor", "debug.inject.slow_rank", "debug.inject.slow_seconds",
-      "debug.inject.slow_worker_seconds", "debug.inject.slow_from_step", "debug.inject.leak_mib_per_step"};
+      "debug.inject.slow_worker_seconds", "debug.inject.slow_from_step", "debug.inject.leak_mib_per_step", "debug.inject.reduction", "debug.inject.checkpoint_pause"};
   EXPECT_EQ(all_keys(), expected);
 }
 
@@ -364,7 +364,7 @@ Config everything_changed() {
   c.profile = {true, 4, 2, true, true};
   c.parallel = {2, 4, 4, "hybrid", 2, "on", false, false, "bf16", true, "gloo", 30.5};
   c.health = {"rollback", 3, "skip", 5.0, 3.0, 50, 20, 2.0, 100, 500, 0.5, 2, 25};
-  c.debug = {true, 7, 1, "blocks.0.mlp.fc1.weight", 9, 4.0, 1, 0.5, 0.25, 3, 1.5};
+  c.debug = {true, 7, 1, "blocks.0.mlp.fc1.weight", 9, 4.0, 1, 0.5, 0.25, 3, 1.5, "no_context_sum", "10:5:torn"};
   return c;
 }
 
@@ -652,4 +652,22 @@ TEST(ConfigTest, EveryShippedConfigLoadsAndValidates) {
     }
   }
   EXPECT_GE(checked, 7);  // 3 in configs/, 4 in configs/bench/ when this was written
+}
+
+// The README's config reference is the schema's own output: to_yaml of the defaults, as
+// `flowtrain config` prints it for an empty file. Regenerate the block with
+//   build/flowtrain config -c /dev/null | sed -e '/^#/d' -e '${/^$/d}'
+// when a key is added, renamed or re-documented.
+TEST(ConfigTest, TheReadmesConfigReferenceIsTheSchemasOutput) {
+  const std::string readme = flowtrain::test::read_file(flowtrain::test::source_path("README.md"));
+  const size_t section = readme.find("## Config reference");
+  ASSERT_NE(section, std::string::npos) << "README.md has no '## Config reference' section";
+  const std::string fence = "```yaml\n";
+  const size_t begin = readme.find(fence, section);
+  ASSERT_NE(begin, std::string::npos) << "no ```yaml block after '## Config reference'";
+  const size_t end = readme.find("```", begin + fence.size());
+  ASSERT_NE(end, std::string::npos);
+  std::string yaml = flowtrain::trainer::to_yaml(flowtrain::trainer::Config{});
+  while (yaml.rfind("#", 0) == 0) yaml.erase(0, yaml.find('\n') + 1);  // its title comment: the README has its own
+  EXPECT_EQ(readme.substr(begin + fence.size(), end - begin - fence.size()), yaml);
 }

@@ -81,7 +81,9 @@ TEST(PromptFollowing, ReadsEveryPaletteColourAndEmptySlotsFromPixels) {
   for (int64_t color = 0; color < data::kNumColors; ++color) {
     for (int64_t slot = 0; slot < 4; ++slot) {
       EXPECT_EQ(readings[color][slot].empty, slot != color % 4) << color << " " << slot;
-      if (slot == color % 4) EXPECT_EQ(readings[color][slot].color, color) << data::composition_color_names()[color];
+      if (slot == color % 4) {
+        EXPECT_EQ(readings[color][slot].color, color) << data::composition_color_names()[color];
+      }
     }
   }
   // A few stray bright pixels (sampling noise) do not make an object.

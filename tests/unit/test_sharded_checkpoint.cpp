@@ -125,7 +125,8 @@ TEST(ShardedCheckpoint, TwoWritersCommitOneCheckpointThatLoadsWholeOrPerShard) {
                       votes.at(phase) += ok ? 1 : 0;
                       barrier.wait();
                       return votes.at(phase++).load() == 2;
-                    }});
+                    },
+                    {}});
   };
   std::thread other(rank_main, 1);
   rank_main(0);

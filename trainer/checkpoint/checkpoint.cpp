@@ -30,23 +30,6 @@ std::optional<int64_t> parse_step_dir(const std::string& name) {
   return std::stoll(m[1].str());
 }
 
-// Fault injection for the crash-consistency tests: FLOWTRAIN_FAULT_CHECKPOINT_PAUSE="STEP:SECONDS"
-// sleeps after the first file of that step's checkpoint (the model weights, or each writer's
-// model shard) is written, so a test can SIGKILL the process mid-save deterministically;
-// "STEP:SECONDS:torn" first cuts that file to half its bytes, which is what a kill during its
-// write leaves on disk. Unset in normal runs.
-void maybe_fault_after_first_file(int64_t step, const fs::path& file) {
-  const char* spec = std::getenv("FLOWTRAIN_FAULT_CHECKPOINT_PAUSE");
-  if (!spec) return;
-  int64_t at_step = -1;
-  double seconds = 0;
-  char mode[16] = {0};
-  const int fields = std::sscanf(spec, "%ld:%lf:%15s", &at_step, &seconds, mode);
-  if (fields < 2 || at_step != step) return;
-  if (fields == 3 && std::string(mode) == "torn" && fs::exists(file)) fs::resize_file(file, fs::file_size(file) / 2);
-  std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
-}
-
 json state_json(const data::LoaderState& s) { return {{"epoch", s.epoch}, {"position", s.position}}; }
 
 // The in-memory loader's state is global (samples of the epoch consumed by all ranks together);
@@ -177,7 +160,8 @@ std::string save_checkpoint(const std::string& checkpoints_dir, const Checkpoint
         if (sh.writer) {
           json mine = json::object();
           write_tensor_file(tmp_dir, shard_file("model", sh.shard_index, n), c.model, name, group.rank, mine);
-          maybe_fault_after_first_file(c.progress.step, tmp_dir / shard_file("model", sh.shard_index, n));
+          if (group.after_first_file)
+            group.after_first_file(c.progress.step, (tmp_dir / shard_file("model", sh.shard_index, n)).string());
           write_tensor_file(tmp_dir, shard_file("ema", sh.shard_index, n), c.ema, name, group.rank, mine);
           write_tensor_file(tmp_dir, shard_file("optimizer", sh.shard_index, n), c.optimizer, name, group.rank, mine);
           // The digests travel to rank 0 through the (shared) checkpoint directory itself.
@@ -186,7 +170,7 @@ std::string save_checkpoint(const std::string& checkpoints_dir, const Checkpoint
         if (lead) write_tensor_file(tmp_dir, "fixed.safetensors", sh.fixed, name, 0, files);
       } else {
         write_tensor_file(tmp_dir, "model.safetensors", c.model, name, 0, files);
-        maybe_fault_after_first_file(c.progress.step, tmp_dir / "model.safetensors");
+        if (group.after_first_file) group.after_first_file(c.progress.step, (tmp_dir / "model.safetensors").string());
         write_tensor_file(tmp_dir, "ema.safetensors", c.ema, name, 0, files);
         write_tensor_file(tmp_dir, "optimizer.safetensors", c.optimizer, name, 0, files);
       }

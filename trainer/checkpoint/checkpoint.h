@@ -96,6 +96,9 @@ struct CheckpointContents {
 struct SaveGroup {
   int64_t rank = 0;
   std::function<bool(bool)> all_ok;
+  // Fault injection (debug.inject.checkpoint_pause): called with the step and the path after the
+  // first file of this rank's part of a checkpoint is written. Empty in real runs.
+  std::function<void(int64_t step, const std::string& file)> after_first_file;
 };
 
 std::string checkpoint_name(int64_t step);  // "step-0000500"

@@ -5,6 +5,7 @@
 
 #include "models/fp8/recipe.h"
 #include "trainer/health/batch_ordinals.h"
+#include "trainer/health/checkpoint_pause.h"
 
 #include "trainer/family.h"
 
@@ -461,6 +462,12 @@ std::vector<Section> build_schema() {
                        "the first slowed step")
                   .add("inject.leak_mib_per_step", &DebugConfig::leak_mib_per_step, at_least(0),
                        "host memory kept and touched every step (MiB)")
+                  .add("inject.reduction", &DebugConfig::reduction,
+                       one_of({"none", "sum_over_shard_group", "no_context_sum", "sum_over_replicas"}),
+                       "reduce FSDP gradients wrongly on purpose (tests of the equivalence checks)")
+                  .add("inject.checkpoint_pause", &DebugConfig::checkpoint_pause, any(),
+                       "STEP:SECONDS[:torn]: pause after the first file of that step's checkpoint (torn: cut it "
+                       "to half first); empty = off")
                   .section);
   return s;
 }
@@ -785,8 +792,10 @@ void Config::validate() const {
     throw ConfigError("'parallel.cp_ulysses' " + std::to_string(parallel.cp_ulysses) +
                       " applies to 'parallel.cp_attention' hybrid only (it is '" + parallel.cp_attention + "')");
   parse_batch_ordinals(data.skip_batches, "data.skip_batches");  // throws on a malformed item
+  if (!debug.checkpoint_pause.empty()) parse_checkpoint_pause(debug.checkpoint_pause);  // throws when malformed
   const bool injects = debug.nan_grad_step > 0 || debug.spike_step > 0 || debug.slow_seconds > 0 ||
-                       debug.slow_worker_seconds > 0 || debug.leak_mib_per_step > 0;
+                       debug.slow_worker_seconds > 0 || debug.leak_mib_per_step > 0 || debug.reduction != "none" ||
+                       !debug.checkpoint_pause.empty();
   if (injects && !debug.allow_inject)
     throw ConfigError("'debug.inject.*' faults are set but 'debug.allow_inject' is false: fault injection is for tests "
                       "and drills and must be allowed explicitly");

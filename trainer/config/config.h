@@ -233,6 +233,12 @@ struct DebugConfig {
   double slow_worker_seconds = 0;   // data: the batch arrives this much later on slow_rank
   int64_t slow_from_step = 1;
   double leak_mib_per_step = 0;     // host memory kept (and touched) every step
+  // A deliberately wrong FSDP gradient reduction (parallel/fsdp.h ReductionFault): none |
+  // sum_over_shard_group | no_context_sum | sum_over_replicas.
+  std::string reduction = "none";
+  // "STEP:SECONDS" pauses after the first file of that step's checkpoint is written (a kill then
+  // lands mid-save); "STEP:SECONDS:torn" first cuts that file to half its bytes. "" = off.
+  std::string checkpoint_pause = "";
 };
 
 struct Config {

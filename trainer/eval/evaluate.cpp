@@ -1,7 +1,7 @@
 #include "trainer/eval/evaluate.h"
 
-#include "trainer/eval/motion_following.h"
-#include "trainer/eval/prompt_following.h"
+#include "trainer/eval/evaluator.h"
+#include "trainer/eval/judge_cache.h"
 
 #include "data/fashion_mnist.h"
 #include "models/autocast_region.h"
@@ -79,8 +79,6 @@ at::Tensor class_matched_subset(const data::ImageDataset& dataset, int64_t n, ui
 }  // namespace
 
 void check_eval_config(const Config& c, const models::DiffusionModel& model) {
-  if (c.data.source == "compositions") return check_prompt_following_config(c, model);
-  if (judged_on_motion(c)) return check_motion_following_config(c, model);
   const std::string where = c.source_path.empty() ? std::string("config") : c.source_path;
   auto fail = [&](const std::string& what) { throw ConfigError(where + ": " + what); };
   if (c.data.source != "fashion_mnist")
@@ -100,22 +98,17 @@ namespace {
 
 // The process-wide context for (classifier cache, data directory, device), created on first use.
 // Evaluations are serialised by the mutex (they share the classifier module).
-std::mutex g_context_mutex;
+JudgeCache<EvalContext> g_judges;
 
+// The caller holds g_judges.lock().
 EvalContext& eval_context(const Config& c, const c10::Device& device) {
-  static std::map<std::string, std::unique_ptr<EvalContext>> contexts;
-  const std::string key = fmt::format("{}|{}|{}", c.eval.classifier_dir.empty() ? default_classifier_dir()
-                                                                                  : c.eval.classifier_dir,
-                                      c.data.path, device.str());
-  auto& slot = contexts[key];
-  if (!slot) {
+  return g_judges.get(c.data.path, c.eval.classifier_dir, device, [&] {
     auto context = std::make_unique<EvalContext>();
     context->train = data::load_fashion_mnist(c.data.path, "train");
     context->test = data::load_fashion_mnist(c.data.path, "test");
     context->classifier = load_or_train_classifier(c.eval.classifier_dir, context->train, context->test, device);
-    slot = std::move(context);
-  }
-  return *slot;
+    return context;
+  });
 }
 
 const RealReference& real_reference(EvalContext& context, int64_t n) {
@@ -139,7 +132,7 @@ const RealReference& real_reference(EvalContext& context, int64_t n) {
 // on a CPU, and every run of a config is measured on the same images, times and noise.
 double held_out_loss(models::DiffusionModel& model, const RowConditioning& conditioning, const Config& c,
                      const c10::Device& device) {
-  std::unique_lock<std::mutex> lock(g_context_mutex);
+  auto lock = g_judges.lock();
   EvalContext& context = eval_context(c, device);
   const int64_t n = context.test.size() / kClasses * kClasses;
   const at::Tensor images =
@@ -214,7 +207,7 @@ QualityReport evaluate_model(models::DiffusionModel& model, const RowConditionin
 QualityReport score_eval_samples(const at::Tensor& samples, const models::DiffusionModel& model, const Config& config,
                                  const c10::Device& device) {
   check_eval_config(config, model);
-  std::lock_guard<std::mutex> lock(g_context_mutex);
+  const auto lock = g_judges.lock();
   EvalContext& context = eval_context(config, device);
   const int64_t n = config.eval.num;
   TORCH_CHECK(samples.size(0) == n, "score_eval_samples: ", samples.size(0), " samples for eval.num ", n);
@@ -264,5 +257,37 @@ QualityReport evaluate_checkpoint(const Config& config, const std::string& check
   write_file_atomic(e.report_path, report.to_json() + "\n");
   return report;
 }
+
+namespace {
+
+class ClassConditionalEvaluator : public Evaluator {
+ public:
+  std::string name() const override { return "class-conditional quality"; }
+  void check(const Config& config, const models::DiffusionModel& model) const override {
+    check_eval_config(config, model);
+  }
+  EvalScores score(const at::Tensor& samples, const models::DiffusionModel& model, const Config& config,
+                   const c10::Device& device) const override {
+    const QualityReport q = score_eval_samples(samples, model, config, device);
+    EvalScores s;
+    s.metrics = {{"eval_fd", q.fd},
+                 {"eval_fd_floor", q.fd_floor},
+                 {"eval_class_accuracy", q.class_accuracy},
+                 {"eval_inception_score", q.inception_score}};
+    s.summary = fmt::format("FD {:.3f} (real-vs-real floor {:.3f}) | class accuracy {:.1f}% | IS {:.2f}", q.fd,
+                            q.fd_floor, 100 * q.class_accuracy, q.inception_score);
+    s.num = q.num;
+    s.unit = "samples";
+    return s;
+  }
+  std::string evaluate_checkpoint(const Config& config, const std::string& checkpoint_dir, int64_t num_override,
+                                  bool raw) const override {
+    return trainer::evaluate_checkpoint(config, checkpoint_dir, num_override, raw).to_json();
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<Evaluator> make_class_conditional_evaluator() { return std::make_unique<ClassConditionalEvaluator>(); }
 
 }  // namespace flowtrain::trainer

@@ -1,6 +1,6 @@
 // Model-quality evaluation of class-conditional models: `flowtrain eval`, and every eval.every
-// steps during training. (Text-to-image models are judged on prompt following:
-// trainer/eval/prompt_following.h.)
+// steps during training, through make_class_conditional_evaluator (trainer/eval/evaluator.h says
+// which runs are judged how).
 //
 // eval.num class-conditional samples (image i of class i % 10, noise from eval.seed, the eval
 // section's sampler / steps / CFG and the run's time shift) are scored by the project's Fashion-MNIST
@@ -51,7 +51,7 @@ struct QualityReport {
 };
 
 // Throws ConfigError naming the key when the quality metrics cannot score this config (the
-// requirements below). The trainer checks at start when eval.every > 0.
+// requirements below). The trainer checks at start when eval.every > 0 (Evaluator::check).
 void check_eval_config(const Config& config, const models::DiffusionModel& model);
 
 // Scores `model` as it is (pass the EMA model to score EMA weights) on `device`. Needs

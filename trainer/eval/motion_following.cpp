@@ -11,6 +11,8 @@
 #include "trainer/eval/data_set_manifest.h"
 #include "trainer/eval/evaluate.h"
 #include "trainer/eval/prompt_following.h"  // kForeground, kMinForeground: one rule for what is garment
+#include "trainer/eval/evaluator.h"
+#include "trainer/eval/judge_cache.h"
 #include "trainer/family.h"
 
 #include <fmt/format.h>
@@ -223,13 +225,12 @@ struct MotionEvalContext {
   std::map<int64_t, MotionScores> ceilings;
 };
 
-std::mutex g_motion_mutex;
+JudgeCache<MotionEvalContext> g_judges;
 
+// The caller holds g_judges.lock().
 MotionEvalContext& motion_context_for(const std::string& data_dir, const std::string& classifier_dir,
                                       const c10::Device& device) {
-  static std::map<std::string, std::unique_ptr<MotionEvalContext>> contexts;
-  auto& slot = contexts[data_dir + "|" + classifier_dir + "|" + device.str()];
-  if (!slot) {
+  return g_judges.get(data_dir, classifier_dir, device, [&] {
     auto ctx = std::make_unique<MotionEvalContext>();
     // Trained on garments as this judge sees them (16-pixel drawings scaled back up): the
     // crisp-image classifier reads them much less reliably, which capped the ceiling.
@@ -244,9 +245,8 @@ MotionEvalContext& motion_context_for(const std::string& data_dir, const std::st
     if (ctx->real.dim() != 5 || ctx->real.size(0) != static_cast<int64_t>(ctx->prompts.size()))
       throw data::DataError(fmt::format("{}: 'clips' must be uint8 [{}, T, 3, H, W] (one per evaluation prompt), got {}",
                                         clips_path, ctx->prompts.size(), fmt::join(ctx->real.sizes(), "×")));
-    slot = std::move(ctx);
-  }
-  return *slot;
+    return ctx;
+  });
 }
 
 CropClassifier classifier_of(TrainedClassifier& trained) {
@@ -259,7 +259,7 @@ CropClassifier classifier_of(TrainedClassifier& trained) {
 
 MotionFollowingReport score_motion_following(const at::Tensor& samples, const std::string& data_dir,
                                              const std::string& classifier_dir, const c10::Device& device) {
-  std::lock_guard<std::mutex> lock(g_motion_mutex);
+  const auto lock = g_judges.lock();
   MotionEvalContext& ctx = motion_context_for(data_dir, classifier_dir, device);
   TORCH_CHECK(samples.dim() == 5, "motion following: samples must be [N, C, T, H, W], got ", samples.sizes());
   const int64_t n = samples.size(0);
@@ -278,8 +278,6 @@ MotionFollowingReport score_motion_following(const at::Tensor& samples, const st
   report.ceiling = ceiling->second;
   return report;
 }
-
-bool judged_on_motion(const Config& c) { return c.model.frames > 1; }
 
 void check_motion_following_config(const Config& c, const models::DiffusionModel& model) {
   const std::string where = c.source_path.empty() ? std::string("config") : c.source_path;
@@ -307,5 +305,41 @@ MotionFollowingReport evaluate_motion_following_checkpoint(const Config& config,
   write_file_atomic(e.report_path, report.to_json() + "\n");
   return report;
 }
+
+namespace {
+
+class MotionFollowingEvaluator : public Evaluator {
+ public:
+  std::string name() const override { return "motion following"; }
+  void check(const Config& config, const models::DiffusionModel& model) const override {
+    check_motion_following_config(config, model);
+  }
+  EvalScores score(const at::Tensor& samples, const models::DiffusionModel&, const Config& config,
+                   const c10::Device& device) const override {
+    const MotionFollowingReport m = score_motion_following(samples, config.data.path, config.eval.classifier_dir, device);
+    EvalScores s;
+    s.metrics = {{"eval_prompt_accuracy", m.scores.prompt_accuracy},
+                 {"eval_class_accuracy", m.scores.class_accuracy},
+                 {"eval_color_accuracy", m.scores.color_accuracy},
+                 {"eval_direction_accuracy", m.scores.direction_accuracy},
+                 {"eval_temporal_consistency", m.scores.temporal_consistency}};
+    s.summary = fmt::format(
+        "prompt accuracy {:.1f}% (judge's ceiling {:.1f}%) | class {:.1f}% | colour {:.1f}% | direction {:.1f}% | "
+        "temporal consistency {:.1f}%",
+        100 * m.scores.prompt_accuracy, 100 * m.ceiling.prompt_accuracy, 100 * m.scores.class_accuracy,
+        100 * m.scores.color_accuracy, 100 * m.scores.direction_accuracy, 100 * m.scores.temporal_consistency);
+    s.num = m.scores.num;
+    s.unit = "prompts";
+    return s;
+  }
+  std::string evaluate_checkpoint(const Config& config, const std::string& checkpoint_dir, int64_t num_override,
+                                  bool raw) const override {
+    return evaluate_motion_following_checkpoint(config, checkpoint_dir, num_override, raw).to_json();
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<Evaluator> make_motion_following_evaluator() { return std::make_unique<MotionFollowingEvaluator>(); }
 
 }  // namespace flowtrain::trainer

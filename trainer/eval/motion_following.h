@@ -81,8 +81,6 @@ std::vector<MotionPrompt> load_motion_prompts(const std::string& data_dir);
 MotionFollowingReport score_motion_following(const at::Tensor& samples, const std::string& data_dir,
                                              const std::string& classifier_dir, const c10::Device& device);
 
-// Whether `config` trains a video model judged on motion (model.frames > 1).
-bool judged_on_motion(const Config& config);
 // Throws ConfigError naming the key when the run cannot be judged: clips of 3 × 32 × 32 frames,
 // the built-in text encoder, eval.num in [1, evaluation prompts].
 void check_motion_following_config(const Config& config, const models::DiffusionModel& model);

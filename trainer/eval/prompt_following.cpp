@@ -9,6 +9,8 @@
 #include "trainer/eval/evaluate.h"
 #include "trainer/eval/quality.h"
 #include "trainer/eval/validation_loss.h"
+#include "trainer/eval/evaluator.h"
+#include "trainer/eval/judge_cache.h"
 #include "trainer/family.h"
 
 #include <fmt/format.h>
@@ -169,13 +171,12 @@ struct PromptEvalContext {
   std::map<int64_t, double> ceilings;
 };
 
-std::mutex g_mutex;
+JudgeCache<PromptEvalContext> g_judges;
 
+// The caller holds g_judges.lock().
 PromptEvalContext& context_for(const std::string& data_dir, const std::string& classifier_dir,
                                const c10::Device& device) {
-  static std::map<std::string, std::unique_ptr<PromptEvalContext>> contexts;
-  auto& slot = contexts[data_dir + "|" + classifier_dir + "|" + device.str()];
-  if (!slot) {
+  return g_judges.get(data_dir, classifier_dir, device, [&] {
     auto ctx = std::make_unique<PromptEvalContext>();
     ctx->classifier = load_or_train_classifier(classifier_dir, fashion_dir_of(data_dir), device);
     const data::CompositionSet eval = data::load_compositions(data_dir, "eval");
@@ -185,16 +186,15 @@ PromptEvalContext& context_for(const std::string& data_dir, const std::string& c
     // distance at N = eval.num): keep those, not the whole set, for the life of the process.
     const at::Tensor train = data::load_compositions(data_dir, "train").images;
     ctx->train = train.narrow(0, 0, std::min<int64_t>(train.size(0), eval.images.size(0))).clone();
-    slot = std::move(ctx);
-  }
-  return *slot;
+    return ctx;
+  });
 }
 
 }  // namespace
 
 PromptFollowingReport score_prompt_following(const at::Tensor& samples, const std::string& data_dir,
                                              const std::string& classifier_dir, const c10::Device& device) {
-  std::lock_guard<std::mutex> lock(g_mutex);
+  const auto lock = g_judges.lock();
   PromptEvalContext& ctx = context_for(data_dir, classifier_dir, device);
   const int64_t n = samples.size(0);
   if (n > static_cast<int64_t>(ctx.prompts.size()) || n > ctx.train.size(0))
@@ -232,7 +232,7 @@ void check_prompt_following_config(const Config& c, const models::DiffusionModel
 
 double prompt_held_out_loss(models::DiffusionModel& model, const RowConditioning& eval_rows, const Config& config,
                             const c10::Device& device) {
-  std::unique_lock<std::mutex> lock(g_mutex);
+  auto lock = g_judges.lock();
   const at::Tensor canvases = context_for(config.data.path, config.eval.classifier_dir, device).real_eval;
   lock.unlock();
   return validation_loss(model, canvases, eval_rows(at::arange(canvases.size(0), at::kLong)), config, device,
@@ -251,5 +251,44 @@ PromptFollowingReport evaluate_prompt_following_checkpoint(const Config& config,
   write_file_atomic(e.report_path, report.to_json() + "\n");
   return report;
 }
+
+namespace {
+
+class PromptFollowingEvaluator : public Evaluator {
+ public:
+  std::string name() const override { return "prompt following"; }
+  void check(const Config& config, const models::DiffusionModel& model) const override {
+    check_prompt_following_config(config, model);
+  }
+  EvalScores score(const at::Tensor& samples, const models::DiffusionModel&, const Config& config,
+                   const c10::Device& device) const override {
+    const PromptFollowingReport p = score_prompt_following(samples, config.data.path, config.eval.classifier_dir, device);
+    EvalScores s;
+    s.metrics = {{"eval_prompt_accuracy", p.scores.prompt_accuracy},
+                 {"eval_heldout_prompt_accuracy", p.scores.heldout_prompt_accuracy},
+                 {"eval_object_accuracy", p.scores.object_accuracy},
+                 {"eval_class_accuracy", p.scores.class_accuracy},
+                 {"eval_color_accuracy", p.scores.color_accuracy},
+                 {"eval_position_accuracy", p.scores.position_accuracy},
+                 {"eval_fd", p.fd}};
+    s.summary = fmt::format(
+        "prompt accuracy {:.1f}% (held-out pairs {:.1f}%, judge's ceiling {:.1f}%) | objects {:.1f}% | class {:.1f}% "
+        "| colour {:.1f}% | position {:.1f}% | FD {:.3f} (floor {:.3f})",
+        100 * p.scores.prompt_accuracy, 100 * p.scores.heldout_prompt_accuracy, 100 * p.prompt_accuracy_ceiling,
+        100 * p.scores.object_accuracy, 100 * p.scores.class_accuracy, 100 * p.scores.color_accuracy,
+        100 * p.scores.position_accuracy, p.fd, p.fd_floor);
+    s.num = p.scores.num;
+    s.unit = "prompts";
+    return s;
+  }
+  std::string evaluate_checkpoint(const Config& config, const std::string& checkpoint_dir, int64_t num_override,
+                                  bool raw) const override {
+    return evaluate_prompt_following_checkpoint(config, checkpoint_dir, num_override, raw).to_json();
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<Evaluator> make_prompt_following_evaluator() { return std::make_unique<PromptFollowingEvaluator>(); }
 
 }  // namespace flowtrain::trainer

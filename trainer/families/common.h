@@ -21,4 +21,17 @@ ModelPreset preset_from(const std::string& size, const std::string& family_name,
                         const std::function<ModelPreset(const std::string&)>& by_name,
                         const std::vector<std::string>& names);
 
+// The same from a family's options-by-name function whose result has hidden, depth and heads.
+template <class OptionsOfSize>
+ModelPreset preset_from_options(const std::string& size, const std::string& family_name, OptionsOfSize options_of,
+                                const std::vector<std::string>& names) {
+  return preset_from(
+      size, family_name,
+      [&](const std::string& name) {
+        const auto o = options_of(name);
+        return ModelPreset{o.hidden, o.depth, o.heads};
+      },
+      names);
+}
+
 }  // namespace flowtrain::trainer::families

@@ -3,6 +3,8 @@
 #include <spdlog/spdlog.h>
 
 #include <chrono>
+#include <filesystem>
+#include <stdexcept>
 #include <cstring>
 #include <limits>
 #include <thread>
@@ -17,7 +19,46 @@ void sleep_seconds(double s) {
 
 }  // namespace
 
-FaultInjector::FaultInjector(const DebugConfig& debug, int64_t rank) : debug_(debug), rank_(rank) {}
+CheckpointPause parse_checkpoint_pause(const std::string& text) {
+  const auto bad = [&] {
+    return ConfigError("'debug.inject.checkpoint_pause' must be STEP:SECONDS or STEP:SECONDS:torn (STEP >= 1, "
+                       "SECONDS >= 0), got '" + text + "'");
+  };
+  CheckpointPause pause;
+  const size_t first = text.find(':');
+  if (first == std::string::npos) throw bad();
+  const size_t second = text.find(':', first + 1);
+  try {
+    size_t used = 0;
+    const std::string step = text.substr(0, first);
+    pause.step = std::stoll(step, &used);
+    if (used != step.size() || pause.step < 1) throw bad();
+    const std::string seconds = text.substr(first + 1, second == std::string::npos ? std::string::npos : second - first - 1);
+    pause.seconds = std::stod(seconds, &used);
+    if (used != seconds.size() || !(pause.seconds >= 0)) throw bad();
+  } catch (const std::logic_error&) {  // stoll / stod: no number, or out of range
+    throw bad();
+  }
+  if (second != std::string::npos) {
+    if (text.substr(second + 1) != "torn") throw bad();
+    pause.torn = true;
+  }
+  return pause;
+}
+
+FaultInjector::FaultInjector(const DebugConfig& debug, int64_t rank) : debug_(debug), rank_(rank) {
+  if (debug_.allow_inject && !debug_.checkpoint_pause.empty()) pause_ = parse_checkpoint_pause(debug_.checkpoint_pause);
+}
+
+bool FaultInjector::pauses_checkpoints() const { return pause_.step > 0; }
+
+void FaultInjector::after_first_checkpoint_file(int64_t step, const std::string& file) const {
+  if (pause_.step != step) return;
+  std::error_code ec;
+  if (pause_.torn && std::filesystem::exists(file, ec))
+    std::filesystem::resize_file(file, std::filesystem::file_size(file) / 2);
+  sleep_seconds(pause_.seconds);
+}
 
 FaultInjector::~FaultInjector() = default;
 

@@ -24,13 +24,8 @@ models::DiTOptions dit_options(const ModelConfig& m) {
 }
 
 ModelPreset dit_preset(const std::string& size) {
-  return preset_from(
-      size, "DiT",
-      [](const std::string& name) {
-        const models::DiTOptions o = models::dit_size(name);
-        return ModelPreset{o.hidden, o.depth, o.heads};
-      },
-      models::dit_size_names());
+  return preset_from_options(size, "DiT", [](const std::string& name) { return models::dit_size(name); },
+                             models::dit_size_names());
 }
 
 void validate_dit(const ModelConfig& model) {

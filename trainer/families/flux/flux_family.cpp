@@ -72,13 +72,8 @@ models::TextEncoderOptions text_encoder_options(const ModelConfig& m) {
 }
 
 ModelPreset flux_preset(const std::string& size) {
-  return preset_from(
-      size, "Flux",
-      [](const std::string& name) {
-        const models::FluxOptions o = models::flux_size(name);
-        return ModelPreset{o.hidden, o.depth, o.heads};
-      },
-      models::flux_size_names());
+  return preset_from_options(size, "Flux", [](const std::string& name) { return models::flux_size(name); },
+                             models::flux_size_names());
 }
 
 void validate_flux(const ModelConfig& model) {

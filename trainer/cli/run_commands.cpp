@@ -1,0 +1,181 @@
+// flowtrain train | config | export | checkpoint … | launch: a run from its config, the config
+// resolved, a run's weights out, a checkpoint looked into, ranks of a run started on this node.
+#include "parallel/launch.h"
+#include "trainer/checkpoint/checkpoint.h"
+#include "trainer/checkpoint/export.h"
+#include "trainer/checkpoint/inspect.h"
+#include "trainer/cli/command.h"
+#include "trainer/family.h"
+#include "trainer/trainer.h"
+
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
+
+#include <unistd.h>
+
+#include <climits>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <optional>
+
+namespace flowtrain::cli {
+
+namespace {
+
+int cmd_config(const ConfigArgs& args) {
+  trainer::Config c = args.load();
+  const trainer::ModelCost cost = trainer::model_family(c.model.arch).cost(c.model);
+  std::printf("# resolved config of %s\n", c.source_path.c_str());
+  const int64_t transformer = cost.parameters - cost.text_encoder_parameters;
+  std::printf("# model: %.3fM parameters (%.2fB)", transformer / 1e6, transformer / 1e9);
+  if (cost.text_encoder_parameters > 0)  // the transformer's count first: the figure its references quote
+    std::printf(" + built-in text encoder %.3fM (%.2fB)", cost.text_encoder_parameters / 1e6,
+                cost.text_encoder_parameters / 1e9);
+  std::printf(", %.4f GFLOP per training sample (3x forward; %ld tokens)\n", cost.train_flops_per_sample / 1e9,
+              static_cast<long>(cost.tokens_per_sample));
+  std::printf("%s\n", trainer::to_yaml(c).c_str());
+  return 0;
+}
+
+int cmd_verify_checkpoint(const std::string& dir) {
+  const std::string problem = trainer::verify_checkpoint(dir);
+  if (!problem.empty()) {
+    std::fprintf(stderr, "flowtrain: checkpoint verify: %s\n", problem.c_str());
+    return 1;
+  }
+  const auto manifest = trainer::read_checkpoint_manifest(dir);
+  std::printf("%s: %zu files match the manifest's sizes and CRC-32s (step %lld)\n", dir.c_str(),
+              manifest["files"].size(), static_cast<long long>(manifest.value("step", int64_t{-1})));
+  return 0;
+}
+
+// `flowtrain launch [options] -- <subcommand> <args>…`: runs nproc_per_node ranks of this very
+// binary (/proc/self/exe, so a relative argv[0] or a changed PATH cannot pick another build).
+int cmd_launch(parallel::LaunchOptions options, const std::vector<std::string>& subcommand, bool node_rank_given) {
+  auto logger = spdlog::stderr_color_mt("launch");  // stdout belongs to the ranks
+  logger->set_pattern("[%Y-%m-%d %H:%M:%S.%e] [%^%l%$] %v");
+  logger->flush_on(spdlog::level::info);
+  spdlog::set_default_logger(logger);
+  try {
+    if (!subcommand.empty() && subcommand[0] == "launch")
+      throw parallel::LaunchError("the command after -- cannot be launch itself");
+    if (!node_rank_given && options.nnodes > 1) {
+      const auto from_env = parallel::default_node_rank([](const std::string& name) -> std::optional<std::string> {
+        const char* v = std::getenv(name.c_str());
+        return v ? std::optional<std::string>(v) : std::nullopt;
+      });
+      if (!from_env)
+        throw parallel::LaunchError(
+            "--node-rank is required with --nnodes > 1 (outside a Kubernetes Indexed Job or Slurm step)");
+      options.node_rank = *from_env;
+    }
+    char self[PATH_MAX];
+    const ssize_t n = ::readlink("/proc/self/exe", self, sizeof self - 1);
+    if (n <= 0) throw std::runtime_error("cannot resolve /proc/self/exe");
+    options.command = {std::string(self, static_cast<size_t>(n))};
+    options.command.insert(options.command.end(), subcommand.begin(), subcommand.end());
+    return parallel::launch_local(options);
+  } catch (const parallel::LaunchError& e) {
+    std::fprintf(stderr, "flowtrain: launch: %s\n", e.what());
+    return 2;
+  } catch (const parallel::DistEnvError& e) {
+    std::fprintf(stderr, "flowtrain: launch: %s\n", e.what());
+    return 2;
+  }
+}
+
+}  // namespace
+
+std::vector<Command> add_run_commands(CLI::App& app) {
+  std::vector<Command> commands;
+
+  struct TrainArgs {
+    ConfigArgs config;
+    std::string init_from;
+  };
+  auto train_args = std::make_shared<TrainArgs>();
+  auto* train = app.add_subcommand("train", "train a model from a YAML config");
+  train_args->config.add_to(train);
+  train->add_option("--init-from", train_args->init_from,
+                    "initial weights: a safetensors file with the reference key names (= --set train.init_from=FILE)");
+  commands.push_back({train, [train_args] {
+                        ConfigArgs config = train_args->config;
+                        if (!train_args->init_from.empty())
+                          config.overrides.push_back("train.init_from=" + train_args->init_from);
+                        trainer::Trainer t(config.load());
+                        t.run();
+                        return 0;
+                      }});
+
+  auto config_args = std::make_shared<ConfigArgs>();
+  auto* config = app.add_subcommand("config", "print the fully resolved config (defaults filled in)");
+  config_args->add_to(config);
+  commands.push_back({config, [config_args] { return cmd_config(*config_args); }});
+
+  auto export_options = std::make_shared<trainer::ExportOptions>();
+  auto* exporter = app.add_subcommand("export", "write a checkpoint's weights as one safetensors file");
+  exporter->add_option("--checkpoint", export_options->checkpoint_dir, "checkpoint directory")->required();
+  exporter->add_option("--out", export_options->out_path, "output .safetensors file")->required();
+  exporter->add_option("--text-encoder-out", export_options->text_encoder_out,
+                       "with a built-in text encoder: its weights' file (--out gets the transformer alone)");
+  exporter->add_flag("--ema", export_options->ema, "export the EMA weights");
+  exporter->add_option("--dtype", export_options->dtype, "fp32 | bf16")
+      ->check(CLI::IsMember({"fp32", "bf16"}))
+      ->capture_default_str();
+  commands.push_back({exporter, [export_options] {
+                        auto names = trainer::export_checkpoint(*export_options);
+                        std::fprintf(stderr, "exported %zu tensors to %s\n", names.size(),
+                                     export_options->out_path.c_str());
+                        return 0;
+                      }});
+  return commands;
+}
+
+std::vector<Command> add_checkpoint_commands(CLI::App& app) {
+  auto* checkpoint_cmd = app.add_subcommand("checkpoint", "look into a checkpoint directory");
+  checkpoint_cmd->require_subcommand(1);
+  auto dir = std::make_shared<std::string>();
+  auto* inspect = checkpoint_cmd->add_subcommand(
+      "inspect", "step, mesh it was saved at, config hash, files with sizes and CRCs, tensors with global shapes");
+  inspect->add_option("dir", *dir, "checkpoint directory (…/checkpoints/step-NNNNNNN)")->required();
+  auto* verify = checkpoint_cmd->add_subcommand("verify", "check every file's size and CRC-32 against the manifest; "
+                                                          "exit 1 naming the first bad file");
+  verify->add_option("dir", *dir, "checkpoint directory (…/checkpoints/step-NNNNNNN)")->required();
+  return {{inspect,
+           [dir] {
+             std::printf("%s", trainer::describe_checkpoint(*dir).c_str());
+             return 0;
+           }},
+          {verify, [dir] { return cmd_verify_checkpoint(*dir); }}};
+}
+
+std::vector<Command> add_launch_command(CLI::App& app) {
+  struct LaunchArgs {
+    parallel::LaunchOptions options;
+    std::vector<std::string> command;
+    CLI::Option* node_rank = nullptr;
+  };
+  auto l = std::make_shared<LaunchArgs>();
+  auto* launch = app.add_subcommand("launch",
+                                    "run N ranks of a flowtrain subcommand on this node (like torchrun): "
+                                    "launch --nproc-per-node N -- train -c cfg.yaml");
+  // Ranges are checked by launch_local, whose messages name the flag and the allowed values.
+  launch->add_option("--nproc-per-node", l->options.nproc_per_node, "ranks on this node (one per GPU)")
+      ->capture_default_str();
+  launch->add_option("--nnodes", l->options.nnodes, "nodes in the job")->capture_default_str();
+  l->node_rank = launch->add_option(
+      "--node-rank", l->options.node_rank,
+      "this node's index (default with --nnodes > 1: JOB_COMPLETION_INDEX, else SLURM_NODEID)");
+  launch->add_option("--master-addr", l->options.master_addr, "host of rank 0")->capture_default_str();
+  launch->add_option("--master-port", l->options.master_port,
+                     "port of rank 0 (default: a free port; required with --nnodes > 1)");
+  launch->add_option("--grace-seconds", l->options.grace_seconds,
+                     "after a rank fails: SIGTERM the others, SIGKILL them after this long")
+      ->capture_default_str();
+  // Everything after `--` lands here untouched (flags such as --set included).
+  launch->add_option("command", l->command, "the flowtrain subcommand and its arguments, after --")->required();
+  return {{launch, [l] { return cmd_launch(l->options, l->command, l->node_rank->count() > 0); }}};
+}
+
+}  // namespace flowtrain::cli
