@@ -52,6 +52,12 @@ std::string ckpt(const std::string& run_dir, int step) {
 
 std::vector<nlohmann::json> read_metrics(const std::string& run_dir) { return read_metric_rows(run_dir, "loss"); }
 
+double mean_loss(const std::vector<nlohmann::json>& rows, size_t begin, size_t end) {
+  double s = 0;
+  for (size_t i = begin; i < end; ++i) s += rows[i]["loss"].get<double>();
+  return s / double(end - begin);
+}
+
 std::string chrome_trace_problems(const nlohmann::json& trace) {
   if (!trace.contains("traceEvents") || !trace["traceEvents"].is_array()) return "no traceEvents array";
   struct Slice { double begin, end; std::string name; };

@@ -25,6 +25,8 @@ std::string ckpt(const std::string& run_dir, int step);
 
 // The training-step rows of run_dir/metrics.jsonl (those with a loss), in order.
 std::vector<nlohmann::json> read_metrics(const std::string& run_dir);
+// The mean "loss" of rows [begin, end) of read_metrics' rows.
+double mean_loss(const std::vector<nlohmann::json>& rows, size_t begin, size_t end);
 // The rows holding `key` (checkpoint_blocked_s, eval_fd, …), in order.
 std::vector<nlohmann::json> read_metric_rows(const std::string& run_dir, const std::string& key);
 

@@ -41,6 +41,16 @@ void register_family(FamilySpec spec) {
   r.families.push_back(std::make_unique<FamilySpec>(std::move(spec)));
 }
 
+void unregister_family(const std::string& arch) {
+  for (const FamilySpec& builtin : builtin_families())
+    if (builtin.arch == arch) throw std::invalid_argument("unregister_family: '" + arch + "' is built in");
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mutex);
+  const auto it = std::find_if(r.families.begin(), r.families.end(), [&](const auto& f) { return f->arch == arch; });
+  if (it == r.families.end()) throw std::invalid_argument("unregister_family: '" + arch + "' is not registered");
+  r.families.erase(it);
+}
+
 std::vector<std::string> arch_names_where(const std::function<bool(const FamilySpec&)>& has) {
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mutex);

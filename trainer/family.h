@@ -105,6 +105,9 @@ ModelPreset model_preset(const ModelConfig& model);  // the family's preset of m
 // Adds a family at run time (tests, plugins): before any config naming it is loaded. Throws
 // std::invalid_argument when the arch is taken.
 void register_family(FamilySpec spec);
+// Removes a family register_family added (a test's toy, at the end of the test); the specs
+// handed out for it are gone with it. Throws std::invalid_argument for a built-in or unknown arch.
+void unregister_family(const std::string& arch);
 
 // model_family(model.arch).build(model).
 std::shared_ptr<models::DiffusionModel> build_model(const ModelConfig& model);

@@ -37,12 +37,6 @@ CommandResult train_t2i(const std::string& out_dir, const std::vector<std::strin
   return run_flowtrain(args);
 }
 
-double mean_loss(const std::vector<nlohmann::json>& rows, size_t begin, size_t end) {
-  double s = 0;
-  for (size_t i = begin; i < end; ++i) s += rows[i]["loss"].get<double>();
-  return s / double(end - begin);
-}
-
 std::string config_args(const std::string& run) { return "-c " + run + "/config.yaml"; }
 
 }  // namespace

@@ -22,12 +22,6 @@ using namespace flowtrain::test;
 namespace {
 
 
-double mean_loss(const std::vector<nlohmann::json>& rows, size_t begin, size_t end) {
-  double s = 0;
-  for (size_t i = begin; i < end; ++i) s += rows[i]["loss"].get<double>();
-  return s / double(end - begin);
-}
-
 void expect_same_files(const std::string& a, const std::string& b) {
   for (const char* f : {"model.safetensors", "ema.safetensors", "optimizer.safetensors"}) {
     EXPECT_EQ(read_file(a + "/" + f), read_file(b + "/" + f)) << f << " differs between " << a << " and " << b;

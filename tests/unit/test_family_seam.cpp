@@ -146,13 +146,12 @@ trainer::FamilySpec toy_family() {
   return spec;
 }
 
-void register_toy_once() {
-  static const bool registered = [] {
-    trainer::register_family(toy_family());
-    return true;
-  }();
-  (void)registered;
-}
+// The toy is known for the life of one test only: other tests (the config's list of archs) see
+// the built-in families whatever order they run in.
+struct ToyRegistered {
+  ToyRegistered() { trainer::register_family(toy_family()); }
+  ~ToyRegistered() { trainer::unregister_family("toy"); }
+};
 
 trainer::Config toy_config(const std::string& out_dir, int64_t steps) {
   return trainer::parse_config("", "toy.yaml",
@@ -175,7 +174,7 @@ std::vector<double> losses(const std::string& metrics_path) {
 }
 
 TEST(FamilySeam, ARegisteredFamilyIsKnownToTheConfigAndRefusedTwice) {
-  register_toy_once();
+  const ToyRegistered toy;
   const auto names = trainer::model_arch_names();
   EXPECT_NE(std::find(names.begin(), names.end(), "toy"), names.end());
   // Its size is a valid model.size only through the registry (the schema asks it when checking).
@@ -185,10 +184,22 @@ TEST(FamilySeam, ARegisteredFamilyIsKnownToTheConfigAndRefusedTwice) {
   half.arch = "toy-without-conditioning";
   half.class_conditioning = nullptr;
   EXPECT_THROW(trainer::register_family(half), std::invalid_argument);
+  EXPECT_THROW(trainer::unregister_family("dit"), std::invalid_argument);  // built-ins stay
+}
+
+TEST(FamilySeam, AnUnregisteredFamilyIsAConfigErrorAgain) {
+  { const ToyRegistered toy; }
+  try {
+    toy_config(test::scratch_dir("toy_gone"), 1);
+    FAIL() << "model.arch toy was accepted after the toy was unregistered";
+  } catch (const trainer::ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("'model.arch' must be one of dit|flux, got 'toy'"), std::string::npos)
+        << e.what();
+  }
 }
 
 TEST(FamilySeam, AToyFamilyTrainsCheckpointsAndResumesThroughTheUnchangedTrainer) {
-  register_toy_once();
+  const ToyRegistered toy;
   const std::string dir = test::scratch_dir("toy_family_run");
   {
     trainer::Trainer t(toy_config(dir, 4));

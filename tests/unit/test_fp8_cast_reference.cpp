@@ -1,6 +1,7 @@
 // The ATen fp8 casts that the CUDA kernels (models/kernels/cuda/fp8_cast.cu) are checked against
 // bit for bit: saturation, the power-of-two scale rules, MX block exponents, and round-trip
 // accuracy against torchao's threshold (cast round trip ≥ 25 dB SQNR, docs/design/fp8.md).
+#include "models/fp8/quantize.h"
 #include "models/kernels/fp8_cast_reference.h"
 
 #include <gtest/gtest.h>
@@ -22,10 +23,7 @@ std::vector<float> to_vector(const at::Tensor& t) {
   return std::vector<float>(f.data_ptr<float>(), f.data_ptr<float>() + f.numel());
 }
 
-double sqnr_db(const at::Tensor& reference, const at::Tensor& test) {
-  const at::Tensor r = reference.to(at::kDouble);
-  return 20.0 * std::log10(r.norm().item<double>() / (r - test.to(at::kDouble)).norm().item<double>());
-}
+using flowtrain::models::fp8::sqnr_db;  // 20·log10(‖ref‖ / ‖ref − test‖), the library's measure
 
 // randn with 1% of the entries 50× larger: the outliers that make per-tensor scaling hard.
 at::Tensor with_outliers(int64_t M, int64_t K) {
