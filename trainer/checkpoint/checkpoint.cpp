@@ -207,7 +207,11 @@ std::string save_checkpoint(const std::string& checkpoints_dir, const Checkpoint
           {"health", {{"batches_drawn", c.progress.batches_drawn},
                       {"skip_batches", c.progress.skip_batches},
                       {"skipped_updates", c.progress.skipped_updates}}},
-          {"rng", {{"scheme", "per-sample generators seeded from (run.seed, step, global sample index)"}}},
+          // Both devices' rule (trainer.cpp draw_step_inputs); the draws need no state beyond them.
+          {"rng",
+           {{"scheme",
+             "cpu: one generator per sample seeded from (run.seed, step, global sample index); cuda: one generator "
+             "per data-parallel slice seeded from (run.seed, step, the slice's first global sample index)"}}},
           {"layout", layout},
           {"config_yaml", c.config_yaml},
           {"files", files},
