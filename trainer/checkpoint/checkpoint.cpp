@@ -388,7 +388,9 @@ std::vector<std::pair<int64_t, std::string>> committed_checkpoints(const std::st
   std::vector<std::pair<int64_t, std::string>> found;
   std::error_code ec;
   if (!fs::is_directory(checkpoints_dir, ec)) return found;
-  for (const auto& entry : fs::directory_iterator(checkpoints_dir, ec)) {
+  // An existing directory that cannot be read throws: "no checkpoints" would start the run from
+  // scratch over its saved work.
+  for (const auto& entry : fs::directory_iterator(checkpoints_dir)) {
     if (!entry.is_directory()) continue;
     if (auto step = parse_step_dir(entry.path().filename().string())) found.emplace_back(*step, entry.path().string());
   }

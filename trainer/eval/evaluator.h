@@ -36,8 +36,8 @@ class Evaluator {
   virtual EvalScores score(const at::Tensor& samples, const models::DiffusionModel& model, const Config& config,
                            const c10::Device& device) const = 0;
   // `flowtrain eval`: judges a checkpoint's EMA weights (raw without EMA or with `raw`) on eval.num
-  // samples (num_override > 0: that many) plus its held-out loss, writes the report atomically
-  // beside the checkpoint and returns it as JSON.
+  // samples (num_override > 0: that many) plus its held-out loss where the task has one (not motion
+  // following), writes the report atomically beside the checkpoint and returns it as JSON.
   virtual std::string evaluate_checkpoint(const Config& config, const std::string& checkpoint_dir,
                                           int64_t num_override, bool raw) const = 0;
 };

@@ -1,6 +1,6 @@
 // What a judge loads once per process for one (data set, classifier cache, device): its trained
-// classifier, the real side of its metrics, references by N. The judges of a process share
-// classifier modules, so each cache's users hold its lock while they score.
+// classifier, the real side of its metrics, references by N. Every user of one cache shares its
+// classifier module, so they hold the cache's lock while they score.
 #pragma once
 
 #include "trainer/eval/classifier_cache.h"

@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include <chrono>
+#include <cmath>
 #include <filesystem>
 #include <stdexcept>
 #include <cstring>
@@ -35,7 +36,7 @@ CheckpointPause parse_checkpoint_pause(const std::string& text) {
     if (used != step.size() || pause.step < 1) throw bad();
     const std::string seconds = text.substr(first + 1, second == std::string::npos ? std::string::npos : second - first - 1);
     pause.seconds = std::stod(seconds, &used);
-    if (used != seconds.size() || !(pause.seconds >= 0)) throw bad();
+    if (used != seconds.size() || !(pause.seconds >= 0) || !std::isfinite(pause.seconds)) throw bad();
   } catch (const std::logic_error&) {  // stoll / stod: no number, or out of range
     throw bad();
   }

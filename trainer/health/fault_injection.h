@@ -1,7 +1,8 @@
 // Fault injection for tests and drills (config `debug`, refused unless debug.allow_inject): the
 // one mechanism for every deliberate fault — a NaN in one gradient on one rank, a loss spike, a
 // slow rank (compute or data), a host-memory leak, a pause (or a torn file) inside a checkpoint
-// save; the wrong FSDP reduction (debug.inject.reduction) is applied by trainer/parallelize.cpp. Each fault fires at its configured step the first time the run reaches it, so a run that
+// save. The wrong FSDP reduction (debug.inject.reduction) is handed by trainer/parallelize.cpp
+// to FSDP, which applies it (parallel/fsdp.h ReductionFault). Each fault fires at its configured step the first time the run reaches it, so a run that
 // rolls back past the step does not meet the same fault again (a drill of one incident).
 #pragma once
 
