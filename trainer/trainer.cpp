@@ -55,7 +55,7 @@ std::string format_duration(double s) {
   return fmt::format("{}m{:02d}s", total / 60, total % 60);
 }
 
-// Whether resolve_resume() will look for a checkpoint: resume "auto" with a committed
+// Whether CheckpointController::resume_point() will look for a checkpoint: resume "auto" with a committed
 // step-N directory, or an explicit one.
 bool has_checkpoints_to_resume(const Config& c) {
   if (c.checkpoint.resume == "never") return false;
@@ -116,12 +116,12 @@ Trainer::Trainer(Config config, TrainerHooks hooks) : config_(std::move(config))
                       std::to_string(config_.train.grad_accum) + ")");
   device_ = select_device(config_.run, env_.local_rank);
   configure_cuda(device_, config_.train);  // bound before the first collective
-  dataset_ = build_dataset(config_);
+  std::shared_ptr<const data::ImageDataset> dataset = build_dataset(config_);
   // The model, from its family (trainer/family.h); initialised from the run seed, so
   // identical on every rank. Built before the run directory: its shape decides the checks below.
   at::manual_seed(static_cast<uint64_t>(config_.run.seed));
   const FamilySpec& family = model_family(config_.model.arch);
-  conditioning_ = run_conditioning(config_, dataset_);
+  conditioning_ = run_conditioning(config_, dataset);
   std::shared_ptr<models::DiffusionModel> model = family.build(config_.model);
   // train.init_from seeds a fresh run only: a run with checkpoints to resume from never re-reads
   // the file (it may be gone, and the checkpoint has the weights). Loaded before anything is
@@ -171,7 +171,9 @@ Trainer::Trainer(Config config, TrainerHooks hooks) : config_(std::move(config))
                config_.optim.min_lr_ratio};
   timesteps_ = timestep_sampler(config_);
 
-  const std::string resume = resolve_resume();
+  faults_ = std::make_unique<FaultInjector>(config_.debug, env_.rank);
+  make_checkpoint_controller();
+  const std::string resume = checkpoints_->resume_point();
   if (!resume.empty()) {
     restore(resume);
   } else {
@@ -183,13 +185,16 @@ Trainer::Trainer(Config config, TrainerHooks hooks) : config_(std::move(config))
     spdlog::info("starting from scratch (seed {})", config_.run.seed);
   }
 
+  DataPlacement placement{env_.rank, dp_rank_, dp_size_, /*data_lead=*/true, device_, nullptr};
   if (runtime_) {
     const auto group = runtime_->mesh().context_group(env_.rank);
-    data_lead_ = env_.rank == *std::min_element(group.begin(), group.end());
+    placement.data_lead = env_.rank == *std::min_element(group.begin(), group.end());
+    placement.world = &runtime_->world_group();
   }
+  data_ = std::make_unique<DataSession>(config_, std::move(dataset), placement);
   for (int64_t b : parse_batch_ordinals(config_.data.skip_batches, "data.skip_batches"))
     progress_.skip_batches.insert(b);
-  start_data();
+  data_->start(progress_);
   if (lead()) {
     metrics_ = std::make_unique<MetricsWriter>((fs::path(config_.run.out_dir) / "metrics.jsonl").string(), progress_.step);
     if (config_.train.tensorboard)
@@ -198,13 +203,11 @@ Trainer::Trainer(Config config, TrainerHooks hooks) : config_(std::move(config))
   if (config_.profile.enabled)
     profiler_ = std::make_unique<StepProfiler>(config_.profile, config_.run.out_dir, static_cast<int>(env_.rank),
                                                device_.is_cuda());
-  faults_ = std::make_unique<FaultInjector>(config_.debug, env_.rank);
   faults_->attach(state_->model());
   health_ = std::make_unique<HealthMonitor>(config_.health, health_wiring());
   telemetry_ = BlockTelemetry(config_.health.telemetry_every);
   health_->set_skipped_updates(progress_.skipped_updates);
   if (progress_.step > 0) health_->record_event(progress_.step, "resume");
-  make_checkpoint_saver();
   if (!lead()) spdlog::set_level(spdlog::level::warn);  // rank 0 narrates; the others speak up on problems
 }
 
@@ -234,29 +237,20 @@ void Trainer::log_parallel_layout(const models::DiffusionModel& model, const std
   }
 }
 
-void Trainer::make_checkpoint_saver() {
-  SaveGroup group{env_.rank, {}, {}};
+void Trainer::make_checkpoint_controller() {
+  CheckpointWiring w;
+  w.rank = env_.rank;
+  w.world = env_.world;
+  w.runtime = runtime_.get();
+  w.final_checkpoint = hooks_.final_checkpoint;
   if (faults_->pauses_checkpoints())
-    group.after_first_file = [faults = faults_.get()](int64_t step, const std::string& file) {
+    w.after_first_file = [faults = faults_.get()](int64_t step, const std::string& file) {
       faults->after_first_checkpoint_file(step, file);
     };
-  if (runtime_) {
-    group.all_ok = [this](bool ok) {  // from the saver's thread: the checkpoint group only
-      at::Tensor votes = at::full({1}, ok ? 1 : 0, at::TensorOptions().dtype(at::kLong));
-      runtime_->checkpoint_group().all_reduce(votes, parallel::ReduceOp::Sum)->wait();
-      return votes.item<int64_t>() == env_.world;
-    };
-  }
-  saver_ = std::make_unique<CheckpointSaver>((fs::path(config_.run.out_dir) / "checkpoints").string(),
-                                             config_.checkpoint.keep, std::move(group), config_.checkpoint.async);
-}
-
-void Trainer::start_data() {
-  if (config_.data.source == "shards" && progress_.shards) progress_.loader = shard_start_state(*progress_.shards);
-  loader_.reset();  // a rollback's old loader stops its workers before the new one starts
-  loader_ = make_batch_source(config_, dataset_, dp_rank_, dp_size_, device_, progress_.loader);
-  if (const auto* shards = dynamic_cast<const data::ShardLoader*>(loader_.get())) check_shard_fingerprint(*shards);
-  if (config_.data.source == "shards" && config_.data.record_keys) open_key_logs();
+  w.record = [this](int64_t step, const std::map<std::string, double>& values) {
+    if (metrics_) metrics_->write(step, values);  // metrics_ is replaced at a rollback: read it at the call
+  };
+  checkpoints_ = std::make_unique<CheckpointController>(config_, std::move(w));
 }
 
 HealthMonitor::Wiring Trainer::health_wiring() {
@@ -288,7 +282,7 @@ Trainer::~Trainer() {
   // A save in flight is of a state that was finite when staged: finish it, even when leaving on
   // an error (at world > 1 its commit vote needs the other ranks; a dead one fails it after
   // parallel.timeout_s).
-  saver_.reset();
+  checkpoints_.reset();
   if (std::uncaught_exceptions() > 0) {
     // Leaving on an error (often a dead peer): tearing down process groups with collectives in
     // flight can block, and the process is about to exit anyway. Let the OS reclaim them.
@@ -346,20 +340,6 @@ void Trainer::prepare_run_dir() {
   if (runtime_ || env_.world > 1) spdlog::info("{}", env_.describe());
 }
 
-std::string Trainer::resolve_resume() const {
-  const std::string& resume = config_.checkpoint.resume;
-  const std::string checkpoints = (fs::path(config_.run.out_dir) / "checkpoints").string();
-  if (lead()) prune_checkpoints(checkpoints, /*keep=*/0);  // only removes leftovers of interrupted saves
-  const_cast<Trainer*>(this)->barrier();
-  if (resume == "never") return "";
-  if (resume == "auto") {
-    // Every rank reads the same directory and verifies the same files, so all pick the same one.
-    auto latest = find_latest_checkpoint(checkpoints, [](const std::string& w) { spdlog::warn("{}", w); });
-    return latest.value_or("");
-  }
-  return resume;  // an explicit path: any problem with it is an error, not a fallback
-}
-
 void Trainer::restore(const std::string& dir) {
   CheckpointContents c = state_->restore(dir);
   for (auto& [name, state] : c.rng) {
@@ -379,121 +359,9 @@ void Trainer::restore(const std::string& dir) {
     throw CheckpointError(fmt::format("{}/fp8.safetensors: {}", dir, e.what()));
   }
   progress_ = c.progress;
-  last_checkpoint_step_ = progress_.step;
+  checkpoints_->restored(progress_.step);
   spdlog::info("resumed from {} at step {} (epoch {}, position {})", dir, progress_.step, progress_.loader.epoch,
                progress_.loader.position);
-}
-
-std::vector<int64_t> Trainer::sum_over_data_ranks(std::vector<int64_t> values) {
-  if (!runtime_) return values;
-  at::Tensor t = at::tensor(values, at::TensorOptions().dtype(at::kLong));
-  if (!data_lead_) t.zero_();  // context-parallel peers hold the same batches: counted once
-  t = t.to(device_);
-  runtime_->world_group().all_reduce(t, parallel::ReduceOp::Sum)->wait();
-  t = t.cpu();
-  return std::vector<int64_t>(t.data_ptr<int64_t>(), t.data_ptr<int64_t>() + t.numel());
-}
-
-data::LoaderState Trainer::shard_start_state(const ShardsDataState& saved) {
-  data::LoaderState s;
-  s.epoch = saved.epoch;
-  s.stream_counts = saved.stream_counts;
-  // The epoch's end was agreed for the saved world size; another one recomputes it.
-  s.batches_left = saved.world == dp_size_ && saved.global_batch == config_.data.batch_size ? saved.batches_left : -1;
-  // Run totals sit on data-parallel rank 0, so the sum over ranks stays the total.
-  s.skipped = dp_rank_ == 0 ? saved.skipped : 0;
-  s.repeated = dp_rank_ == 0 ? saved.repeated : 0;
-  s.keys_written = dp_rank_ < static_cast<int64_t>(saved.keys_written.size()) ? saved.keys_written[dp_rank_] : 0;
-  s.pending = saved.pending;  // all ranks'; the loader keeps those of the streams it owns now
-  keys_written_carried_ = saved.keys_written;
-  if (saved.world != dp_size_)
-    spdlog::info("data: resuming epoch {} at {} data-parallel ranks (saved at {}): every stream continues at its "
-                 "count, so the epoch's remaining samples are each seen once",
-                 saved.epoch, dp_size_, saved.world);
-  return s;
-}
-
-ShardsDataState Trainer::merged_shard_state() {
-  const data::LoaderState& mine = progress_.loader;
-  const auto streams = static_cast<int64_t>(mine.stream_counts.size());
-  const int64_t ranks = std::max<int64_t>(dp_size_, static_cast<int64_t>(keys_written_carried_.size()));
-  // [stream counts (from each stream's owner) | skipped | repeated | key lines per rank |
-  //  each rank's samples waiting in buckets: `slot` values per rank, stored +1 (0 = empty)]
-  const int64_t slot = static_cast<int64_t>(config_.data.buckets.size()) * (config_.data.batch_size / dp_size_) * 2;
-  const int64_t pending_at = streams + 2 + ranks;
-  if (static_cast<int64_t>(mine.pending.size()) > slot)
-    throw TrainingError(fmt::format("{} samples wait in buckets, more than the {} a rank can hold",
-                                    mine.pending.size() / 2, slot / 2));
-  std::vector<int64_t> v(static_cast<size_t>(pending_at + dp_size_ * slot), 0);
-  for (size_t i = 0; i < mine.pending.size(); ++i) v[static_cast<size_t>(pending_at + dp_rank_ * slot) + i] = mine.pending[i] + 1;
-  for (int64_t c = dp_rank_; c < streams; c += dp_size_) v[static_cast<size_t>(c)] = mine.stream_counts[c];
-  v[static_cast<size_t>(streams)] = mine.skipped;
-  v[static_cast<size_t>(streams + 1)] = mine.repeated;
-  v[static_cast<size_t>(streams + 2 + dp_rank_)] = mine.keys_written;
-  if (dp_rank_ == 0)
-    for (int64_t r = dp_size_; r < ranks; ++r) v[static_cast<size_t>(streams + 2 + r)] = keys_written_carried_[r];
-  v = sum_over_data_ranks(std::move(v));
-  ShardsDataState s;
-  s.world = dp_size_;
-  s.global_batch = config_.data.batch_size;
-  s.fingerprint = shard_fingerprint_;
-  s.epoch = mine.epoch;
-  s.batches_left = mine.batches_left;
-  s.stream_counts.assign(v.begin(), v.begin() + streams);
-  s.skipped = v[static_cast<size_t>(streams)];
-  s.repeated = v[static_cast<size_t>(streams + 1)];
-  s.keys_written.assign(v.begin() + streams + 2, v.begin() + pending_at);
-  for (auto it = v.begin() + pending_at; it != v.end(); ++it)
-    if (*it > 0) s.pending.push_back(*it - 1);
-  return s;
-}
-
-void Trainer::check_shard_fingerprint(const data::ShardLoader& loader) {
-  shard_fingerprint_ = loader.fingerprint();
-  // Every rank must plan the same streams: a shard counted differently on one rank (a failed
-  // download there) would make ranks train overlapping or missing samples.
-  const auto all = gather_from_ranks(static_cast<int64_t>(shard_fingerprint_));
-  for (size_t r = 0; r < all.size(); ++r)
-    if (static_cast<uint64_t>(all[r]) != shard_fingerprint_)
-      throw TrainingError(fmt::format("data: rank {} sees other shards or sample counts than rank {} (fingerprint "
-                                      "{:016x} vs {:016x}); every rank must read the same data.shards and index",
-                                      r, env_.rank, static_cast<uint64_t>(all[r]), shard_fingerprint_));
-  if (progress_.shards && progress_.shards->fingerprint != shard_fingerprint_)
-    throw TrainingError(fmt::format(
-        "data: the shards, their sample counts, data.streams, data.shuffle_buffer or run.seed differ from those of the "
-        "checkpoint being resumed (fingerprint {:016x} vs {:016x}): its stream counts would point at other samples. "
-        "Restore the data settings, or start a new run directory",
-        shard_fingerprint_, progress_.shards->fingerprint));
-}
-
-void Trainer::open_key_logs() {
-  if (!data_lead_) return;
-  const auto lines = [&](int64_t r) {
-    return r < static_cast<int64_t>(keys_written_carried_.size()) ? keys_written_carried_[r] : int64_t{0};
-  };
-  // Files of ranks beyond this world: cut back to the checkpoint too (a rank's lines after it
-  // were never covered by a checkpoint); a fresh run empties leftovers of an earlier attempt.
-  if (lead()) {
-    const fs::path dir = fs::path(config_.run.out_dir) / "data";
-    if (fs::exists(dir))
-      for (const auto& e : fs::directory_iterator(dir)) {
-        int64_t r = -1;
-        if (std::sscanf(e.path().filename().string().c_str(), "keys-rank-%ld.txt", &r) == 1 && r >= dp_size_)
-          truncate_key_log(e.path().string(), lines(r));
-      }
-  }
-  key_log_ = std::make_unique<KeyLog>(config_.run.out_dir, dp_rank_, progress_.loader.keys_written);
-}
-
-data::Batch Trainer::next_batch() {
-  for (;;) {
-    data::Batch batch = loader_->next();
-    progress_.batches_drawn += 1;
-    if (!progress_.skip_batches.count(progress_.batches_drawn)) return batch;
-    progress_.loader = batch.state_after;  // consumed, never trained on
-    spdlog::warn("health: batch #{} is discarded (data.skip_batches, or a rollback past it); step {} takes the next",
-                 progress_.batches_drawn, progress_.step + 1);
-  }
 }
 
 Trainer::StepResult Trainer::train_step() {
@@ -504,7 +372,7 @@ Trainer::StepResult Trainer::train_step() {
   data::Batch batch = [&] {
     ProfileRange range("data_wait");
     faults_->before_data(step);
-    return next_batch();
+    return data_->next(progress_);
   }();
   StepResult r;
   r.loss = at::zeros({}, at::TensorOptions().dtype(at::kFloat).device(device_));
@@ -553,7 +421,7 @@ Trainer::StepResult Trainer::train_step() {
   ProfileRange range("optimizer");
   // A stop is voted with the step's reduction, so every rank stops at the same step: on a signal,
   // or on a failed save under checkpoint.on_error: stop (ranks may see that at different steps).
-  const bool stop_requested = stop_signal() != 0 || !checkpoint_error_.empty();
+  const bool stop_requested = stop_signal() != 0 || checkpoints_->stop_requested();
   StepReduction red = state_->reduce_and_clip(r.loss, config_.optim.grad_clip, stop_requested);
   faults_->end_step();
   const auto t_health = Clock::now();
@@ -591,13 +459,12 @@ Trainer::StepResult Trainer::train_step() {
     models::fp8::discard_pending_amaxes(fp8_);
     progress_.step += 1;
     progress_.samples_seen += config_.data.batch_size;
-    progress_.loader = batch.state_after;
-    if (key_log_) key_log_->append(batch.keys);
+    data_->consumed(batch, progress_);
     return r;
   }
 
   progress_.lr = schedule_.lr_at(progress_.step);
-  saver_->before_state_update();  // CUDA: a save's staging copies finish before the update overwrites them
+  checkpoints_->before_state_update();  // CUDA: a save's staging copies finish before the update overwrites them
   // Delayed scaling's amaxes join the histories here: after the staging wait (the histories are
   // in a checkpoint too), and only for a step that is kept (all ranks reach the same verdict).
   commit_fp8_amax(fp8_, runtime_ ? &runtime_->world_group() : nullptr);
@@ -612,8 +479,7 @@ Trainer::StepResult Trainer::train_step() {
   state_->ema_update(Ema::decay_at(config_.train.ema_decay, config_.train.ema_warmup, progress_.step));
   progress_.step += 1;
   progress_.samples_seen += config_.data.batch_size;
-  progress_.loader = batch.state_after;
-  if (key_log_) key_log_->append(batch.keys);
+  data_->consumed(batch, progress_);
   return r;
 }
 
@@ -626,19 +492,18 @@ void Trainer::check_health(const char* when) {
 
 void Trainer::rollback(const std::string& reason) {
   const int64_t failed_step = progress_.step + 1, bad_batch = progress_.batches_drawn;
-  finish_saves();  // the newest checkpoint may still be persisting
-  const std::string checkpoints = (fs::path(config_.run.out_dir) / "checkpoints").string();
-  const auto latest = find_latest_checkpoint(checkpoints, [](const std::string& w) { spdlog::warn("{}", w); });
+  checkpoints_->finish();  // the newest checkpoint may still be persisting
+  const auto latest = checkpoints_->newest_verified();
   if (!latest)
     throw TrainingError(fmt::format("health.{}: rollback at step {} needs a checkpoint and {} has none that "
                                     "verifies; stopping ({})",
-                                    "nonfinite/spike", failed_step, checkpoints, reason));
+                                    "nonfinite/spike", failed_step, checkpoints_->checkpoints_dir(), reason));
   std::set<int64_t> skips = progress_.skip_batches;
   skips.insert(bad_batch);
   state_->discard_gradients();
   restore(*latest);  // the monitor keeps counting skipped updates across it (max_skips is per run)
   progress_.skip_batches.insert(skips.begin(), skips.end());
-  start_data();
+  data_->start(progress_);
   if (metrics_) metrics_ = std::make_unique<MetricsWriter>((fs::path(config_.run.out_dir) / "metrics.jsonl").string(),
                                                            progress_.step);  // the replayed steps' lines go
   ++rollbacks_;
@@ -657,12 +522,10 @@ void Trainer::write_checkpoint() {
   CheckpointContents c = checkpoint_tensors();
   c.progress = progress_;
   c.progress.skipped_updates = health_->skipped_updates();
-  if (config_.data.source == "shards") c.progress.shards = merged_shard_state();
+  if (config_.data.source == "shards") c.progress.shards = data_->merged_shard_state(progress_.loader);
   c.config_yaml = config_yaml_;
   c.world_size = env_.world;
-  saver_->save(c);  // async: returns once the state is staged; sync: once it is committed
-  last_checkpoint_step_ = progress_.step;
-  report_saves(saver_->take_finished());
+  checkpoints_->save(c);
 }
 
 CheckpointContents Trainer::checkpoint_tensors() {
@@ -671,57 +534,6 @@ CheckpointContents Trainer::checkpoint_tensors() {
   c.rng.emplace_back("cpu", at::detail::getDefaultCPUGenerator().get_state());
   c.fp8 = models::fp8::amax_history_state(fp8_);
   return c;
-}
-
-void Trainer::reserve_checkpoint_staging() {
-  // Only where saves recur: a run whose only save is its last would hold one more copy of its
-  // state in host memory all run long for a save that blocks the exit anyway.
-  if (!saver_->async() || config_.checkpoint.every <= 0) return;
-  const auto t0 = Clock::now();
-  saver_->reserve_staging(checkpoint_tensors());
-  spdlog::info("checkpoint: {:.1f} MiB of staging buffers for asynchronous saves allocated in {:.2f} s",
-               saver_->staging_bytes() / double(1 << 20), std::chrono::duration<double>(Clock::now() - t0).count());
-}
-
-void Trainer::report_saves(const std::vector<SaveOutcome>& outcomes) {
-  for (const SaveOutcome& o : outcomes) {
-    if (o.ok()) {
-      spdlog::info("checkpoint {} committed: training blocked {:.2f} s, {} {:.2f} s", o.path, o.blocked_s,
-                   saver_->async() ? "persisted in the background in" : "written in", o.persist_s);
-    } else {
-      ++checkpoint_failures_;
-      last_failed_save_step_ = o.step;
-      last_save_error_ = o.error;
-      if (config_.checkpoint.on_error == "warn") {
-        spdlog::warn("{} — training goes on (checkpoint.on_error: warn; {} failed save(s) so far); the next save "
-                     "is at the next interval",
-                     o.error, checkpoint_failures_);
-      } else if (checkpoint_error_.empty()) {
-        spdlog::error("{} — stopping (checkpoint.on_error: stop)", o.error);
-        checkpoint_error_ = o.error;
-      }
-    }
-    const std::map<std::string, double> values = {{"checkpoint_blocked_s", o.blocked_s},
-                                                  {"checkpoint_persist_s", o.persist_s},
-                                                  {"checkpoint_failures", double(checkpoint_failures_)}};
-    if (metrics_) metrics_->write(o.step, values);
-  }
-}
-
-void Trainer::require_saved(int64_t step, const char* what) {
-  // Even under on_error: warn, a run does not end with its last state unsaved and exit 0.
-  if (last_failed_save_step_ == step)
-    throw TrainingError(fmt::format("{} (step {}) could not be written: {}; the newest complete checkpoint in "
-                                    "{}/checkpoints is intact",
-                                    what, step, last_save_error_, config_.run.out_dir));
-}
-
-void Trainer::finish_saves() {
-  saver_->wait();
-  report_saves(saver_->take_finished());
-  if (!checkpoint_error_.empty())
-    throw TrainingError(fmt::format("{}; the newest complete checkpoint in {}/checkpoints is intact",
-                                    checkpoint_error_, config_.run.out_dir));
 }
 
 at::Tensor Trainer::sample_rows_on_all_ranks(int64_t total, const std::function<at::Tensor(int64_t, int64_t)>& make) {
@@ -802,9 +614,9 @@ void Trainer::log_step(const StepResult& r, double step_time, double data_wait, 
                                                 {"health_rollbacks", double(rollbacks_)}};
   values.merge(health);
   if (config_.data.source == "shards") {  // damaged samples skipped so far, over all ranks
-    const auto totals = sum_over_data_ranks({progress_.loader.skipped, progress_.loader.repeated});
-    values["data_skipped"] = double(totals[0]);
-    values["data_repeated"] = double(totals[1]);
+    const auto [skipped, repeated] = data_->skipped_and_repeated(progress_.loader);
+    values["data_skipped"] = double(skipped);
+    values["data_repeated"] = double(repeated);
   }
   if (metrics_) metrics_->write(step, values);
   if (tensorboard_) tensorboard_->add_scalars(values, step);
@@ -819,7 +631,7 @@ int64_t Trainer::run() {
   }
   install_stop_signal_handlers();
   state_->model().train();
-  reserve_checkpoint_staging();
+  checkpoints_->reserve_staging([this] { return checkpoint_tensors(); });
   spdlog::info("training steps {} → {}", progress_.step, total);
 
   // Time of the training steps since the last log line; periodic eval / samples / checkpoints
@@ -828,7 +640,7 @@ int64_t Trainer::run() {
   int64_t window_steps = 0;
   double window_data_wait = 0, window_comm_wait = 0;
   while (progress_.step < total) {
-    report_saves(saver_->take_finished());  // before the step: a failure joins this step's stop vote
+    checkpoints_->poll();  // before the step: a failure joins this step's stop vote
     const auto step_start = Clock::now();
     if (profiler_) profiler_->step_begin(progress_.step + 1);
     StepResult r = train_step();
@@ -869,24 +681,23 @@ int64_t Trainer::run() {
     }
     if (config_.eval.every > 0 && (step % config_.eval.every == 0 || last)) evaluate();
     if (config_.sample.every > 0 && (step % config_.sample.every == 0 || last)) write_samples();
-    if ((config_.checkpoint.every > 0 && step % config_.checkpoint.every == 0) || (last && hooks_.final_checkpoint))
-      write_checkpoint();
+    if (checkpoints_->due(step, last)) write_checkpoint();
     // Under FSDP every rank must stop at the same step: the vote travelled with the step's
     // all-reduce (reduce_and_clip), so all ranks read the same answer here.
-    const bool stop = runtime_ ? r.stop.item<float>() > 0 : stop_signal() != 0 || !checkpoint_error_.empty();
+    const bool stop = runtime_ ? r.stop.item<float>() > 0 : stop_signal() != 0 || checkpoints_->stop_requested();
     if (stop) {
-      finish_saves();  // a failed save (on any rank) ends the run here, with its error
+      checkpoints_->finish();  // a failed save (on any rank) ends the run here, with its error
       spdlog::warn("received signal {}: checkpointing at step {} and stopping", runtime_ ? "(on some rank)" : std::to_string(stop_signal()), step);
-      if (last_checkpoint_step_ != step) write_checkpoint();
-      finish_saves();  // exit only once the checkpoint is committed
-      require_saved(step, "the stop checkpoint");
+      if (!checkpoints_->saved(step)) write_checkpoint();
+      checkpoints_->finish();  // exit only once the checkpoint is committed
+      checkpoints_->require_saved(step, "the stop checkpoint");
       spdlog::warn("stopped at step {}; the same command resumes from {}/checkpoints/{} (checkpoint.resume: auto)",
                    step, config_.run.out_dir, checkpoint_name(step));
       return step;
     }
   }
-  finish_saves();  // the final checkpoint may still be persisting
-  if (hooks_.final_checkpoint) require_saved(progress_.step, "the final checkpoint");
+  checkpoints_->finish();  // the final checkpoint may still be persisting
+  if (hooks_.final_checkpoint) checkpoints_->require_saved(progress_.step, "the final checkpoint");
   spdlog::info("done: {} steps, {} samples seen", progress_.step, progress_.samples_seen);
   if (health_steps_ > 0)
     spdlog::info("health checks: {:.2f} ms per step, {:.2f}% of the training step time (host time in the checks: "

@@ -7,15 +7,13 @@
 //   then periodic sample grid / eval / checkpoint (rank 0 writes; collectives on all ranks).
 #pragma once
 
-#include "data/batch_source.h"
-#include "data/image_dataset.h"
-#include "data/shards/shard_loader.h"
 #include "models/model.h"
 #include "models/flow_matching.h"
 #include "models/fp8/convert.h"
 #include "trainer/checkpoint/checkpoint.h"
-#include "trainer/checkpoint/checkpoint_saver.h"
+#include "trainer/checkpoint/checkpoint_controller.h"
 #include "trainer/config/config.h"
+#include "trainer/data_session.h"
 #include "trainer/eval/evaluator.h"
 #include "trainer/health/block_telemetry.h"
 #include "trainer/health/fault_injection.h"
@@ -23,13 +21,13 @@
 #include "parallel/env.h"
 #include "parallel/runtime.h"
 #include "trainer/optimizer.h"
-#include "trainer/telemetry/key_log.h"
 #include "trainer/telemetry/profiler.h"
 #include "trainer/telemetry/run_log.h"
 #include "trainer/telemetry/tensorboard.h"
 #include "trainer/family.h"
 #include "trainer/run_conditioning.h"
 #include "trainer/train_state.h"
+#include "trainer/training_error.h"
 
 #include <c10/core/Device.h>
 
@@ -38,10 +36,6 @@
 #include <optional>
 
 namespace flowtrain::trainer {
-
-struct TrainingError : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
 
 // Per-step timings for callers that measure (flowtrain bench). Filled after every step when
 // TrainerHooks::on_step is set; the step is synchronised first, so times are real.
@@ -68,7 +62,7 @@ class Trainer {
   int64_t state_bytes() const { return state_->state_bytes(); }
   c10::Device device() const { return device_; }
   // Host bytes of the asynchronous checkpoint's staging buffers (0 before the first async save).
-  int64_t checkpoint_staging_bytes() const { return saver_->staging_bytes(); }
+  int64_t checkpoint_staging_bytes() const { return checkpoints_->staging_bytes(); }
   // Every rank's `value`, by rank (a collective over the world in a multi-rank run).
   std::vector<int64_t> gather_from_ranks(int64_t value);
   // Trains to train.steps (or until a stop signal, after which it checkpoints). Returns the
@@ -84,40 +78,19 @@ class Trainer {
 
   void prepare_run_dir();
   void restore(const std::string& checkpoint_dir);
-  // Shards: this rank's loader state at a resume, from the merged state of all ranks.
-  data::LoaderState shard_start_state(const ShardsDataState& saved);
-  // Shards: every rank's loader state merged (a collective over the world), for a checkpoint.
-  ShardsDataState merged_shard_state();
-  // The sum of `values` over data-parallel ranks (each counted once; a collective under FSDP).
-  std::vector<int64_t> sum_over_data_ranks(std::vector<int64_t> values);
-  void open_key_logs();
-  // Shards: all ranks must read the same data, and a resume the data its checkpoint was made on.
-  void check_shard_fingerprint(const data::ShardLoader& loader);
   StepResult train_step();
-  // The next batch of the data order, discarding the ordinals in progress_.skip_batches.
-  data::Batch next_batch();
-  // The loader (and key logs) from progress_: at the start and after a rollback.
-  void start_data();
   // The start-up lines on how the model was parallelised (FSDP, context parallelism, recompute).
   void log_parallel_layout(const models::DiffusionModel& model, const std::string& cp_attention) const;
-  // The checkpoint saver, with its commit vote over the checkpoint group and any injected pause.
-  void make_checkpoint_saver();
+  // The checkpoint controller, with its commit vote over the checkpoint group and any injected pause.
+  void make_checkpoint_controller();
   // health rollback: restores the newest complete checkpoint and continues past the batch of the
   // failed step (its ordinal joins skip_batches). Throws TrainingError when there is none.
   void rollback(const std::string& reason);
   HealthMonitor::Wiring health_wiring();
   void write_checkpoint();
   // The tensors a checkpoint holds (state, RNG, fp8 history), without the progress and config
-  // write_checkpoint adds; what reserve_checkpoint_staging sizes its buffers from.
+  // write_checkpoint adds; what the controller sizes its staging buffers from.
   CheckpointContents checkpoint_tensors();
-  // Async saves at an interval: the staging buffers allocated before the first step (logged).
-  void reserve_checkpoint_staging();
-  // Logs finished saves, records their times in metrics and applies checkpoint.on_error.
-  void report_saves(const std::vector<SaveOutcome>& outcomes);
-  // Waits for the save in flight; throws TrainingError if a save failed under on_error: stop.
-  void finish_saves();
-  // Throws TrainingError if the save of `step` failed (the stop and final checkpoints).
-  void require_saved(int64_t step, const char* what);
   void write_samples();
   void evaluate();
   // `total` rows made by make(first, count), split over the data-parallel ranks (each makes its
@@ -126,7 +99,6 @@ class Trainer {
   void log_step(const StepResult& r, double step_time, double data_wait, std::map<std::string, double> health);
   // Judges steps the health monitor kept on the device; throws TrainingError on a stop verdict.
   void check_health(const char* when);
-  std::string resolve_resume() const;
   void barrier();  // all ranks (no-op in one process)
   void write_rank_report();  // <out_dir>/ranks/rank-RRRRR.json
   bool lead() const { return env_.rank == 0; }
@@ -143,15 +115,7 @@ class Trainer {
   models::fp8::Fp8Conversion fp8_;  // the linears computing in fp8 (none unless fp8.recipe is set)
   LrSchedule schedule_;
   models::TimestepSampler timesteps_;
-  std::shared_ptr<const data::ImageDataset> dataset_;
-  std::unique_ptr<data::BatchSource> loader_;
-  // data.source shards: whether this rank writes for its data-parallel rank (the first of its
-  // context-parallel group; the others hold the same batches), its data.record_keys file, and the
-  // key-file line counts of ranks beyond the current world (from a wider earlier world).
-  bool data_lead_ = true;
-  std::unique_ptr<KeyLog> key_log_;
-  std::vector<int64_t> keys_written_carried_;
-  uint64_t shard_fingerprint_ = 0;
+  std::unique_ptr<DataSession> data_;  // the batches, their order and its resume state
   std::unique_ptr<MetricsWriter> metrics_;          // rank 0 only
   std::unique_ptr<TensorBoardWriter> tensorboard_;  // rank 0, when train.tensorboard is on
   std::unique_ptr<StepProfiler> profiler_;          // null when profile.enabled is off
@@ -165,12 +129,8 @@ class Trainer {
   // seconds) they covered, over this process's logged intervals.
   double health_seconds_ = 0, train_seconds_ = 0;
   int64_t health_steps_ = 0;
-  int64_t last_checkpoint_step_ = -1;
-  std::unique_ptr<CheckpointSaver> saver_;  // uses runtime_'s checkpoint group: released before it
-  std::string checkpoint_error_;            // a failed save under on_error: stop (stops every rank)
-  int64_t checkpoint_failures_ = 0;
-  int64_t last_failed_save_step_ = -1;
-  std::string last_save_error_;
+  // Resume point, saves and their failure policy; uses runtime_'s checkpoint group: released before it.
+  std::unique_ptr<CheckpointController> checkpoints_;
   int64_t peak_state_bytes_ = 0;  // weights + grads + AdamW + EMA on this rank, at its largest (grads present)
 };
 
