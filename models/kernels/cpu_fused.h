@@ -6,8 +6,8 @@
 // These are memory-bound passes over [B, N, D] activations; ATen runs each as 2–4 separate
 // kernels (each a full pass over memory, plus saved intermediates and broadcast-gradient
 // reductions), these run one pass each way. layers.h picks them for fp32 CPU tensors and
-// uses the ATen composition everywhere else (CUDA, bf16); tests/unit/test_dit.cpp checks both
-// against the float64 composition.
+// uses the ATen composition everywhere else (CUDA, bf16); the fused-op table
+// (tests/fused_op_table.h) checks them against that composition in float64.
 #include <ATen/ATen.h>
 
 #include <initializer_list>

@@ -1,10 +1,10 @@
-// The fused CUDA kernels (models/kernels/cuda/cuda_fused.h) against their CPU references:
-// forward and backward of the differentiable ops against the float64 ATen composition, the fp8
-// casts bit for bit against models/kernels/fp8_cast_reference.h. fp32 and bf16, odd sizes (the
-// unvectorised paths), the vectorised sizes of DiT-XL / Flux, strided operands as the model
-// passes them (chunks of the adaLN output, q/k out of the qkv split), outputs allocated from
-// blocks filled with NaN bytes. Skipped without a GPU.
-#include "models/flux/rope.h"
+// The fused CUDA kernels (models/kernels/cuda/cuda_fused.h) against their CPU references: the
+// differentiable ops through the fused-op table (tests/fused_op_table.h: forward and backward
+// against the float64 ATen composition, fp32, bf16 and fp16, odd and vectorised sizes, strided
+// operands, outputs carved from NaN-filled blocks), and here the fp8 casts bit for bit against
+// models/kernels/fp8_cast_reference.h, Flux's bf16 RmsNorm rounding and what the kernels take.
+// Skipped without a GPU.
+#include "fused_op_table.h"
 #include "models/kernels/cuda/cuda_fused.h"
 #include "models/kernels/fp8_cast_reference.h"
 
@@ -31,36 +31,8 @@ TEST(CudaFused, NotBuilt) { GTEST_SKIP() << "built without FLOWTRAIN_CUDA: no fu
 
 namespace {
 
-// fp32: the kernels differ from float64 by fp32 summation order and rsqrtf (≤ 2 ulp): ~1e-6
-// relative. bf16: every output is rounded once to 8 significant bits (≤ 2^-9 relative an element),
-// RmsNorm's normalised value a second time, as the reference does. fp16 rounds to 11 bits (≤ 2^-12):
-// the bf16 bar holds it with room; it is there to run the fp16 instantiations, not to grade them.
-double tolerance(at::ScalarType dtype) { return dtype == at::kFloat ? 1e-5 : 1e-2; }
-
 std::string name(at::ScalarType dtype) {
   return dtype == at::kFloat ? "fp32" : dtype == at::kHalf ? "fp16" : "bf16";
-}
-
-// The fused elementwise kernels' dtypes (the fp8 casts' tests keep to fp32 and bf16, the inputs the
-// fp8 linears give them).
-const std::vector<at::ScalarType> kFloatTypes = {at::kFloat, at::kBFloat16, at::kHalf};
-
-// Fills blocks of the CUDA caching allocator with 0xFF bytes (NaN in fp32, bf16 and both fp8
-// formats) and frees them: outputs of those sizes are then carved from the same blocks, so an
-// element a kernel forgets to write shows up as NaN or as a mismatch.
-void poison(std::initializer_list<int64_t> bytes) {
-  std::vector<at::Tensor> blocks;
-  for (const int64_t b : bytes) blocks.push_back(at::full({std::max<int64_t>(b, 1)}, 255, at::device(at::kCUDA).dtype(at::kByte)));
-}
-
-// Norm-wise relative error of a CUDA result against a float64 CPU reference; no NaN allowed.
-void expect_close(const at::Tensor& got, const at::Tensor& want, double tol, const std::string& what) {
-  ASSERT_TRUE(got.defined()) << what;
-  ASSERT_EQ(got.sizes(), want.sizes()) << what;
-  const at::Tensor g = got.detach().cpu().to(at::kDouble), w = want.detach().to(at::kDouble);
-  EXPECT_FALSE(at::isnan(g).any().item<bool>()) << what << ": NaN in the output";
-  const double err = ((g - w).norm() / w.norm().clamp_min(1e-300)).item<double>();
-  EXPECT_LT(err, tol) << what << ": relative error " << err;
 }
 
 bool bytes_equal(const at::Tensor& a, const at::Tensor& b) {
@@ -84,165 +56,16 @@ at::Tensor misaligned_cuda(const at::Tensor& x) {
   return view;
 }
 
-struct Tokens {
-  int64_t B, N, D;
-};
-// Odd widths (scalar path), a multiple of 8 (vector path), one token, DiT-XL and Flux widths, and
-// an odd width past 1,024 (the scalar path with the most elements a thread: items = 8).
-const std::vector<Tokens> kTokenShapes = {{3, 17, 37}, {3, 17, 40}, {2, 1, 1152}, {2, 9, 3072}, {2, 3, 1153}};
-
 }  // namespace
 
-TEST(CudaFused, AdaLNModulateMatchesFloat64) {
+// One test per op of the table that has a CUDA kernel: every case in fp32, bf16 and fp16.
+class CudaFusedOp : public ::testing::TestWithParam<std::string> {};
+TEST_P(CudaFusedOp, MatchesTheFloat64Composition) {
   REQUIRE_CUDA_DEVICE();
-  const double eps = 1e-6;
-  for (const at::ScalarType dtype : kFloatTypes) {
-    for (const auto& [B, N, D] : kTokenShapes) {
-      SCOPED_TRACE(name(dtype) + " B=" + std::to_string(B) + " N=" + std::to_string(N) + " D=" + std::to_string(D));
-      at::manual_seed(0);
-      // a non-zero mean exercises the two-pass variance; shift/scale are strided chunks of one
-      // [B, 3D] tensor, as DiT's adaLN linear produces them
-      const at::Tensor x = (at::randn({B, N, D}) * 2 + 0.5).to(dtype);
-      const at::Tensor mod = (at::randn({B, 3 * D}) * 0.5).to(dtype);
-      const at::Tensor g = at::randn({B, N, D}).to(dtype);
-
-      at::Tensor x64 = x.to(at::kDouble).requires_grad_(), mod64 = mod.to(at::kDouble).requires_grad_();
-      at::Tensor want = at::layer_norm(x64, {D}, {}, {}, eps) * (1 + mod64.narrow(1, D, D).unsqueeze(1)) +
-                        mod64.narrow(1, 0, D).unsqueeze(1);
-      want.backward(g.to(at::kDouble));
-
-      at::Tensor xc = x.cuda().requires_grad_(), modc = mod.cuda().requires_grad_();
-      const at::Tensor shift = modc.narrow(1, 0, D), scale = modc.narrow(1, D, D);
-      ASSERT_TRUE(fused::supports_adaln_modulate(xc, shift, scale));
-      poison({int64_t(x.nbytes()), B * N * 4, B * N * 4});
-      at::Tensor y = fused::adaln_modulate(xc, shift, scale, eps);
-      EXPECT_EQ(y.scalar_type(), dtype);
-      poison({int64_t(x.nbytes())});
-      y.backward(g.cuda());
-
-      const double tol = tolerance(dtype);
-      expect_close(y, want, tol, "y");
-      expect_close(xc.grad(), x64.grad(), tol, "dx");
-      expect_close(modc.grad().narrow(1, 0, D), mod64.grad().narrow(1, 0, D), tol, "dshift");
-      expect_close(modc.grad().narrow(1, D, D), mod64.grad().narrow(1, D, D), tol, "dscale");
-    }
-  }
+  flowtrain::test::check_op_on_backend(GetParam(), "cuda");
 }
-
-TEST(CudaFused, GatedResidualMatchesFloat64) {
-  REQUIRE_CUDA_DEVICE();
-  for (const at::ScalarType dtype : kFloatTypes) {
-    for (const auto& [B, N, D] : kTokenShapes) {
-      SCOPED_TRACE(name(dtype) + " B=" + std::to_string(B) + " N=" + std::to_string(N) + " D=" + std::to_string(D));
-      at::manual_seed(1);
-      const at::Tensor x = at::randn({B, N, D}).to(dtype), y = at::randn({B, N, D}).to(dtype);
-      const at::Tensor mod = at::randn({B, 3 * D}).to(dtype), g = at::randn({B, N, D}).to(dtype);
-
-      at::Tensor x64 = x.to(at::kDouble).requires_grad_(), y64 = y.to(at::kDouble).requires_grad_();
-      at::Tensor mod64 = mod.to(at::kDouble).requires_grad_();
-      at::Tensor want = x64 + mod64.narrow(1, 2 * D, D).unsqueeze(1) * y64;
-      want.backward(g.to(at::kDouble));
-
-      at::Tensor xc = x.cuda().requires_grad_(), yc = y.cuda().requires_grad_(), modc = mod.cuda().requires_grad_();
-      const at::Tensor gate = modc.narrow(1, 2 * D, D);
-      ASSERT_TRUE(fused::supports_gated_residual(xc, gate, yc));
-      poison({int64_t(x.nbytes())});
-      at::Tensor out = fused::gated_residual(xc, gate, yc);
-      poison({int64_t(x.nbytes())});
-      out.backward(g.cuda());
-
-      const double tol = tolerance(dtype);
-      expect_close(out, want, tol, "out");
-      expect_close(xc.grad(), x64.grad(), tol, "dx");
-      expect_close(yc.grad(), y64.grad(), tol, "dy");
-      expect_close(modc.grad().narrow(1, 2 * D, D), mod64.grad().narrow(1, 2 * D, D), tol, "dgate");
-    }
-  }
-}
-
-namespace {
-// q/k as the attention gets them: [B, H, L, Dh], either contiguous or a strided view of a qkv
-// tensor [B, L, 3, H, Dh] (the key). `base` is the leaf that owns the memory.
-at::Tensor heads_view(const at::Tensor& base, bool strided) {
-  return strided ? base.select(2, 1).permute({0, 2, 1, 3}) : base;
-}
-at::Tensor heads_base(int64_t B, int64_t H, int64_t L, int64_t Dh, bool strided) {
-  return strided ? at::randn({B, L, 3, H, Dh}) : at::randn({B, H, L, Dh});
-}
-}  // namespace
-
-TEST(CudaFused, RopeMatchesFloat64) {
-  REQUIRE_CUDA_DEVICE();
-  const int64_t B = 2, H = 3, L = 5;
-  for (const at::ScalarType dtype : kFloatTypes) {
-    for (const int64_t Dh : {int64_t(38), int64_t(128), int64_t(1022)}) {  // 1022: one pair a thread, 511 threads
-      for (const bool strided : {false, true}) {
-        for (const int64_t angle_batch : {B, int64_t(1)}) {
-          SCOPED_TRACE(name(dtype) + " Dh=" + std::to_string(Dh) + (strided ? " strided" : "") +
-                       " angle batch " + std::to_string(angle_batch));
-          at::manual_seed(2);
-          const at::Tensor base = heads_base(B, H, L, Dh, strided).to(dtype);
-          const at::Tensor theta = at::rand({angle_batch, L, Dh / 2}) * 20 - 10;
-          const at::Tensor angles = at::stack({at::cos(theta), at::sin(theta)}, -1);  // fp32
-          const at::Tensor g = at::randn({B, H, L, Dh}).to(dtype);
-
-          at::Tensor base64 = base.to(at::kDouble).requires_grad_();
-          at::Tensor want = flowtrain::models::apply_rope(heads_view(base64, strided), angles);
-          want.backward(g.to(at::kDouble));
-
-          at::Tensor basec = base.cuda().requires_grad_();
-          const at::Tensor x = heads_view(basec, strided), anglesc = angles.cuda();
-          ASSERT_TRUE(fused::supports_rope(x, anglesc));
-          poison({int64_t(g.nbytes())});
-          at::Tensor out = fused::apply_rope(x, anglesc);
-          EXPECT_EQ(out.scalar_type(), dtype);
-          poison({int64_t(g.nbytes())});
-          out.backward(g.cuda());
-
-          expect_close(out, want, tolerance(dtype), "out");
-          expect_close(basec.grad(), base64.grad(), tolerance(dtype), "dx");
-        }
-      }
-    }
-  }
-}
-
-TEST(CudaFused, QkRmsNormMatchesFloat64) {
-  REQUIRE_CUDA_DEVICE();
-  const double eps = 1e-6;  // Flux's RmsNorm
-  const int64_t B = 2, H = 3, L = 5;
-  for (const at::ScalarType dtype : kFloatTypes) {
-    for (const int64_t Dh : {int64_t(37), int64_t(128), int64_t(255)}) {  // 255: scalar path, items = 8
-      for (const int mode : {0, 1, 2}) {  // contiguous 4-D, strided 4-D, 2-D rows
-        SCOPED_TRACE(name(dtype) + " Dh=" + std::to_string(Dh) + " mode " + std::to_string(mode));
-        at::manual_seed(3);
-        const at::Tensor base = (mode == 2 ? at::randn({B * H * L, Dh}) : heads_base(B, H, L, Dh, mode == 1)).to(dtype);
-        const auto view = [&](const at::Tensor& t) { return mode == 2 ? t : heads_view(t, mode == 1); };
-        const at::Tensor w = 1 + 0.1 * at::randn({Dh});
-        const at::Tensor g = at::randn(view(base).sizes()).to(dtype);
-
-        at::Tensor base64 = base.to(at::kDouble).requires_grad_(), w64 = w.to(at::kDouble).requires_grad_();
-        const at::Tensor x64 = view(base64);
-        at::Tensor want = x64 * at::rsqrt(x64.pow(2).mean(-1, /*keepdim=*/true) + eps) * w64;
-        want.backward(g.to(at::kDouble));
-
-        at::Tensor basec = base.cuda().requires_grad_(), wc = w.cuda().requires_grad_();
-        const at::Tensor x = view(basec);
-        ASSERT_TRUE(fused::supports_qk_rmsnorm(x, wc));
-        poison({int64_t(g.nbytes()), int64_t(x.numel() / Dh * 4)});
-        at::Tensor out = fused::qk_rmsnorm(x, wc, eps);
-        EXPECT_EQ(out.scalar_type(), dtype);
-        poison({int64_t(g.nbytes())});
-        out.backward(g.cuda());
-
-        const double tol = tolerance(dtype);
-        expect_close(out, want, tol, "out");
-        expect_close(basec.grad(), base64.grad(), tol, "dx");
-        expect_close(wc.grad(), w64.grad(), tol, "dweight");
-      }
-    }
-  }
-}
+INSTANTIATE_TEST_SUITE_P(Table, CudaFusedOp, ::testing::ValuesIn(flowtrain::test::ops_of_backend("cuda")),
+                         [](const ::testing::TestParamInfo<std::string>& info) { return info.param; });
 
 TEST(CudaFused, RmsNormRoundsLikeFluxInBf16) {
   // The ATen formula of models/flux/flux.cpp on the same device: the kernel rounds the normalised
@@ -270,13 +93,13 @@ TEST(CudaFused, Fp8AmaxAndTensorwiseCastAreBitExact) {
         const at::Tensor x = with_outliers(1, numel).view({numel}).to(dtype);
         const at::Tensor xc = aligned ? x.cuda() : misaligned_cuda(x);
         const at::Tensor amax = ref::amax(x);
-        poison({4});
+        flowtrain::test::poison_cuda_blocks({4});
         EXPECT_EQ(fused::amax(xc).cpu().item<float>(), amax.item<float>());
         for (const at::ScalarType fp8 : {at::kFloat8_e4m3fn, at::kFloat8_e5m2}) {
           // twice the dynamic scale: the largest elements saturate
           const at::Tensor scale = at::div(at::full({}, 2 * ref::max_finite(fp8)), amax);
           at::Tensor history = at::full({4}, -1.0f, at::device(at::kCUDA));
-          poison({numel});
+          flowtrain::test::poison_cuda_blocks({numel});
           const at::Tensor y = fused::cast_to_fp8(xc, scale.cuda(), fp8, history[2]);
           EXPECT_EQ(y.scalar_type(), fp8);
           EXPECT_TRUE(bytes_equal(y, ref::cast_to_fp8(x, scale, fp8)));
@@ -299,7 +122,7 @@ TEST(CudaFused, Fp8AmaxOfANanIsNanWhicheverItsSign) {
     x[777] = nan;
     SCOPED_TRACE(std::signbit(nan) ? "-NaN" : "+NaN");
     EXPECT_TRUE(std::isnan(ref::amax(x).item<float>()));
-    poison({4});
+    flowtrain::test::poison_cuda_blocks({4});
     EXPECT_TRUE(std::isnan(fused::amax(x.cuda()).cpu().item<float>()));
   }
 }
@@ -319,7 +142,7 @@ TEST(CudaFused, Fp8RowwiseCastIsBitExact) {
         at::manual_seed(6);
         const at::Tensor x = (with_outliers(c.M, c.K, /*zero_row=*/1) *
                               at::pow(10.0, at::arange(c.M, at::kFloat) - 2).unsqueeze(1)).to(dtype);
-        poison({c.M * c.K, c.M * 4});
+        flowtrain::test::poison_cuda_blocks({c.M * c.K, c.M * 4});
         const auto [y, inv] = fused::rowwise_cast_to_fp8(x.cuda(), fp8);
         const auto [want_y, want_inv] = ref::rowwise_cast_to_fp8(x, fp8);
         EXPECT_TRUE(bytes_equal(y, want_y));
@@ -329,7 +152,7 @@ TEST(CudaFused, Fp8RowwiseCastIsBitExact) {
       }
     }
   }
-  poison({64});
+  flowtrain::test::poison_cuda_blocks({64});
   const auto [empty, empty_inv] = fused::rowwise_cast_to_fp8(at::empty({3, 0}, at::device(at::kCUDA)), at::kFloat8_e4m3fn);
   EXPECT_TRUE(at::equal(empty_inv.cpu(), at::ones({3, 1})));  // K = 0: scale 1, not leftovers
 }
@@ -353,7 +176,7 @@ TEST(CudaFused, Fp8MxBlockCastIsBitExact) {
         x[2].narrow(0, 32, 32).fill_(std::ldexp(1.5f * 448.0f, -127));
         x[2].narrow(0, 64, 32).fill_(56.0f);
         x = x.to(dtype);
-        poison({c.M * c.K, c.M * c.K / 32});
+        flowtrain::test::poison_cuda_blocks({c.M * c.K, c.M * c.K / 32});
         const auto [y, e] = fused::mx_block_cast_to_fp8(aligned ? x.cuda() : misaligned_cuda(x), rule);
         const auto [want_y, want_e] = ref::mx_block_cast_to_fp8(x, rule);
         EXPECT_EQ(y.scalar_type(), at::kFloat8_e4m3fn);

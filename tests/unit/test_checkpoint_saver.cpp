@@ -175,7 +175,7 @@ TEST(CheckpointSaver, AFailureOnAnotherRankFailsTheSaveHereToo) {
   const std::string dir = scratch_dir("saver_vote");
   // Rank 0 of two whose peer votes "failed" on the writing phase (its disk filled up).
   int phase = 0;
-  SaveGroup group{0, [&phase](bool mine) { return ++phase == 2 ? false : mine; }};
+  SaveGroup group{0, [&phase](bool mine) { return ++phase == 2 ? false : mine; }, {}};
   CheckpointSaver saver(dir, 0, group, /*async=*/true);
   saver.save(live_state(8));
   saver.wait();

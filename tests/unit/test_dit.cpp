@@ -1,6 +1,5 @@
 // DiT against independent float64 computations of the reference formulas
 // (facebookresearch/DiT models.py) and the reference parameter names.
-#include "models/kernels/cpu_fused.h"
 #include "models/dit/dit.h"
 
 #include <gtest/gtest.h>
@@ -116,8 +115,7 @@ TEST(DiTMath, BlockUsesReferenceModulationOrder) {
 
 namespace {
 
-// Output and input gradients of f on float32 inputs, and of the same f on float64 copies: the
-// fused CPU kernels run on the float32 inputs, the ATen composition on the float64 ones.
+// Output and input gradients of f on float32 inputs, and of a reference on float64 copies.
 struct Grads {
   at::Tensor out;
   std::vector<at::Tensor> grads;
@@ -138,45 +136,6 @@ std::vector<at::Tensor> to_double(const std::vector<at::Tensor>& v) {
 }
 
 }  // namespace
-
-// The fused CPU kernels (adaln_modulate, gated_residual) against the float64 ATen composition,
-// forward and backward. D = 20 covers the 8-lane loop and its scalar tail; N = 70 tokens span two
-// row blocks of the token reductions; shift/scale/gate are strided chunks of one [B, 3·D] tensor
-// like the adaLN linear's output. Tolerance: fp32 rounding (u = 6e-8) of O(1) values through
-// D-term and N-term sums stays below 1e-5 absolute; the float64 side is exact in comparison.
-TEST(DiTMath, FusedAdaLNModulateMatchesFloat64Composition) {
-  at::manual_seed(3);
-  const int64_t B = 3, N = 70, D = 20;
-  at::Tensor x = at::randn({B, N, D}) * 3 + 1, mod = at::randn({B, 3 * D}), w = at::randn({B, N, D});
-  auto f = [](const std::vector<at::Tensor>& in) {
-    auto chunks = in[1].chunk(3, 1);
-    return adaln_modulate(in[0], chunks[0], chunks[2]);
-  };
-  Grads got = run_with_grads(f, {x, mod}, w), ref = run_with_grads(f, to_double({x, mod}), w);
-  EXPECT_TRUE(at::allclose(got.out.to(at::kDouble), ref.out, 1e-5, 1e-5));
-  for (size_t i = 0; i < 2; ++i)
-    EXPECT_TRUE(at::allclose(got.grads[i].to(at::kDouble), ref.grads[i], 1e-5, 1e-5)) << "input " << i;
-  // The float64 path is the composition itself (LayerNorm, eps 1e-6, then modulate).
-  auto chunks = mod.to(at::kDouble).chunk(3, 1);
-  at::Tensor x64 = x.to(at::kDouble);
-  EXPECT_TRUE(at::allclose(ref.out, modulate(layer_norm_no_affine(x64), chunks[0], chunks[2]), 0, 1e-12));
-  // No gradient flows into the unused middle chunk.
-  EXPECT_EQ(got.grads[1].narrow(1, D, D).abs().max().item<float>(), 0.f);
-}
-
-TEST(DiTMath, FusedGatedResidualMatchesFloat64Composition) {
-  at::manual_seed(4);
-  const int64_t B = 2, N = 70, D = 20;
-  at::Tensor x = at::randn({B, N, D}), mod = at::randn({B, 2 * D}), y = at::randn({B, N, D});
-  at::Tensor w = at::randn({B, N, D});
-  auto f = [](const std::vector<at::Tensor>& in) { return gated_residual(in[0], in[1].chunk(2, 1)[1], in[2]); };
-  Grads got = run_with_grads(f, {x, mod, y}, w), ref = run_with_grads(f, to_double({x, mod, y}), w);
-  EXPECT_TRUE(at::allclose(got.out.to(at::kDouble), ref.out, 1e-6, 1e-6));
-  for (size_t i = 0; i < 3; ++i)
-    EXPECT_TRUE(at::allclose(got.grads[i].to(at::kDouble), ref.grads[i], 1e-5, 1e-5)) << "input " << i;
-  at::Tensor gate64 = mod.to(at::kDouble).chunk(2, 1)[1];
-  EXPECT_TRUE(at::allclose(ref.out, x.to(at::kDouble) + gate64.unsqueeze(1) * y.to(at::kDouble), 0, 1e-12));
-}
 
 // Attention in timm's layout: qkv output [B, N, 3, H, Dh], softmax(q·kᵀ/√Dh)·v per head, heads
 // concatenated back to [B, N, H·Dh] before proj; written out in float64 with plain matmuls.
@@ -226,34 +185,6 @@ TEST(DiTMath, DefaultAttentionMatchesFloat64OnBothSidesOfTheMathThreshold) {
   }
 }
 
-// The fused short-sequence attention (cpu_fused::qkv_attention: reads [B, N, 3, H, Dh], writes
-// [B, N, H·Dh]) against softmax(q·kᵀ/√Dh)·v per head in float64, values and ∂qkv. N = 9, 49 and
-// the limit (64) cover the 8-lane loops' tails and the 6-, 2- and 1-row blocks; Dh = 8 and 40 the
-// 16- and 8-column blocks.
-// Tolerance: fp32 rounding of O(1) scores through Dh- and N-term sums, well under 1e-5.
-TEST(DiTMath, FusedQkvAttentionMatchesFloat64PerHead) {
-  at::manual_seed(9);
-  for (auto [N, H, Dh] : std::vector<std::array<int64_t, 3>>{{9, 3, 8}, {49, 2, 40}, {cpu_fused::kQkvAttentionMaxTokens, 2, 8}}) {
-    const int64_t B = 2, D = H * Dh;
-    at::Tensor qkv = at::randn({B, N, 3 * D}), w = at::randn({B, N, D});
-    ASSERT_TRUE(cpu_fused::supports_qkv_attention(qkv, H));
-    auto fused = [H](const std::vector<at::Tensor>& in) { return cpu_fused::qkv_attention(in[0], H); };
-    auto reference = [=](const std::vector<at::Tensor>& in) {
-      auto parts = in[0].view({B, N, 3, H, Dh}).unbind(2);  // q, k, v [B, N, H, Dh]
-      at::Tensor q = parts[0].transpose(1, 2), k = parts[1].transpose(1, 2), v = parts[2].transpose(1, 2);
-      at::Tensor p = at::softmax(at::matmul(q, k.transpose(-2, -1)) / std::sqrt(double(Dh)), -1);
-      return at::matmul(p, v).transpose(1, 2).reshape({B, N, D});
-    };
-    Grads got = run_with_grads(fused, {qkv}, w), ref = run_with_grads(reference, to_double({qkv}), w);
-    EXPECT_TRUE(at::allclose(got.out.to(at::kDouble), ref.out, 1e-5, 1e-6)) << "N " << N << " Dh " << Dh;
-    EXPECT_TRUE(at::allclose(got.grads[0].to(at::kDouble), ref.grads[0], 1e-5, 1e-6)) << "N " << N << " Dh " << Dh;
-  }
-  // Outside its domain the module falls back to the generic path; the check says so.
-  EXPECT_FALSE(cpu_fused::supports_qkv_attention(at::randn({1, cpu_fused::kQkvAttentionMaxTokens + 1, 48}), 2));
-  EXPECT_FALSE(cpu_fused::supports_qkv_attention(at::randn({1, 9, 36}), 2));  // Dh = 6
-  EXPECT_FALSE(cpu_fused::supports_qkv_attention(at::randn({1, 9, 48}, at::kDouble), 2));
-}
-
 TEST(DiTMath, DefaultAttentionIsRecognisedAndInjectedOnesAreNot) {
   EXPECT_TRUE(is_default_attention(default_attention()));
   AttentionFn custom = [](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
@@ -261,28 +192,6 @@ TEST(DiTMath, DefaultAttentionIsRecognisedAndInjectedOnesAreNot) {
   };
   EXPECT_FALSE(is_default_attention(custom));
   EXPECT_FALSE(is_default_attention(AttentionFn()));
-}
-
-// The MLP's GELU(tanh) kernel (x·σ(2u), own exp) against at::gelu(x, "tanh") in float64, values
-// and gradients, over x in [−12, 12] (both saturated tails and the curved middle) and a length
-// that is not a multiple of 8 (the scalar tail). Tolerances: σ comes out within a few ulp
-// (fp32 u = 6e−8); the value x·σ is then off by ≤ |x|·4u ≤ 3e−6 → 5e−6. The derivative
-// σ + x·σ(1−σ)·2u' carries σ's absolute error times |x·2u'| (up to ~60 where 1 − σ is not yet
-// negligible, |x| ≲ 4), i.e. ≤ ~1.5e−5 worst case → 2e−5, a bound ATen's fp32 formula shares.
-TEST(DiTMath, FusedGeluTanhMatchesFloat64) {
-  if (!cpu_fused::supports_gelu_tanh(at::zeros({1}))) GTEST_SKIP() << "CPU without AVX2+FMA";
-  at::manual_seed(10);
-  at::Tensor x = at::linspace(-12, 12, 100003);
-  at::Tensor w = at::randn({100003});
-  auto fused = [](const std::vector<at::Tensor>& in) { return cpu_fused::gelu_tanh(in[0]); };
-  auto reference = [](const std::vector<at::Tensor>& in) { return at::gelu(in[0], "tanh"); };
-  Grads got = run_with_grads(fused, {x}, w), ref = run_with_grads(reference, to_double({x}), w);
-  EXPECT_LT((got.out.to(at::kDouble) - ref.out).abs().max().item<double>(), 5e-6);
-  // ∂x = w·gelu'(x): compare gelu' itself (rows with |w| < 1e−3 would only measure w's rounding).
-  const at::Tensor w64 = w.to(at::kDouble), usable = w64.abs() > 1e-3;
-  const at::Tensor derivative_error = ((got.grads[0].to(at::kDouble) - ref.grads[0]) / w64).masked_select(usable);
-  EXPECT_LT(derivative_error.abs().max().item<double>(), 2e-5);
-  EXPECT_FALSE(cpu_fused::supports_gelu_tanh(at::zeros({1}, at::kDouble)));
 }
 
 // Tokens come out token-major and contiguous (a transposed view would make every later

@@ -3,7 +3,7 @@
 // one pass over memory each way where ATen runs 2–6 kernels (and saves their intermediates).
 // Kernels in kernels/cuda/*.cu, autograd in cuda_fused.cpp; their CPU references are the ATen
 // compositions named below and models/kernels/fp8_cast_reference.h
-// (tests/gpu/test_cuda_fused.cpp, benchmark bench/kernel_bench.cpp).
+// (tests/fused_op_table.h, tests/gpu/test_cuda_fused.cpp; benchmark bench/kernel_bench.cpp).
 //
 // Built only with FLOWTRAIN_CUDA: flowtrain_models then defines FLOWTRAIN_HAVE_CUDA_KERNELS=1
 // for itself and its users. Without it this header still compiles: every supports_* is false and
