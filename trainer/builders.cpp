@@ -1,5 +1,7 @@
 #include "trainer/builders.h"
 
+#include "trainer/config/resolve.h"
+
 #include "data/compositions.h"
 #include "data/fashion_mnist.h"
 #include "trainer/family.h"
@@ -34,9 +36,7 @@ int64_t cuda_device_for_rank(int64_t local_rank, int64_t device_count, const std
 }
 
 c10::Device select_device(const RunConfig& run, int64_t local_rank) {
-  const bool has_cuda = at::hasCUDA();
-  if (run.device == "cpu" || (run.device == "auto" && !has_cuda)) return c10::Device(c10::kCPU);
-  if (!has_cuda) throw ConfigError("'run.device' is cuda but no CUDA device is available (use cpu or auto)");
+  if (resolve_device(run, at::hasCUDA() ? at::getNumGPUs() : 0) == c10::kCPU) return c10::Device(c10::kCPU);
   if (local_rank < 0)
     if (const char* env = std::getenv("LOCAL_RANK")) local_rank = std::atoi(env);
   const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");

@@ -86,8 +86,9 @@ Parallelized parallelize_transformer(models::DiffusionModel& model, ParallelizeI
   // tokens from the embedding on, and the output is gathered so unpatchify and the loss run whole
   // (and identically) on every context rank.
   if (config.parallel.cp > 1) {
-    out.context_attention = context_attention_kind(config, model);
-    model.set_attention(parallel::context_attention(out.context_attention, runtime, models::default_attention()));
+    if (inputs.context_attention.empty())
+      throw std::logic_error("parallelize_transformer: parallel.cp > 1 without the context attention kind");
+    model.set_attention(parallel::context_attention(inputs.context_attention, runtime, models::default_attention()));
     parallel::Comm& context = runtime.context_group();
     model.sequence_split = {[&context](const at::Tensor& t) { return parallel::split_sequence(t, context, 1); },
                             [&context](const at::Tensor& t) { return parallel::gather_sequence(t, context, 1); }};

@@ -22,13 +22,15 @@ struct ParallelizeInputs {
   parallel::Runtime* runtime = nullptr;  // null: one process, nothing sharded
   // fp8 all-gather's weights (trainer/fp8_setup.h fp8_all_gather_weights), or empty.
   std::map<std::string, std::shared_ptr<models::PrecastWeight>> fp8_weights;
+  // With parallel.cp > 1: the attention kind to install, context_attention_kind's answer for
+  // this model (checked before the run directory is written).
+  std::string context_attention;
 };
 
 struct Parallelized {
   // The FSDP wrapper that owns the model's flat parameter shards; null on one process. The train
   // state calls it around each micro-batch and gives its shards to AdamW and the EMA.
   std::unique_ptr<parallel::FullyShardedModule> fsdp;
-  std::string context_attention;  // the kind installed ("" = no context parallelism)
 };
 
 using ParallelizeFn = std::function<Parallelized(models::DiffusionModel& model, ParallelizeInputs inputs)>;

@@ -13,6 +13,7 @@
 #include "parallel/gather.h"
 
 #include "trainer/builders.h"
+#include "trainer/config/resolve.h"
 #include "trainer/family.h"
 #include "trainer/ema.h"
 #include "trainer/eval/evaluate.h"
@@ -100,20 +101,10 @@ Trainer::Trainer(Config config, TrainerHooks hooks) : config_(std::move(config))
   // Everything that can fail on bad input (launch environment, mesh, device, data) is checked
   // before the run directory is created, so a rejected run leaves nothing behind.
   env_ = parallel::resolve_dist_env_from_process();
-  const bool distributed = env_.world > 1 || config_.parallel.fsdp == "on";
-  const parallel::MeshShape shape{config_.parallel.dp_replicate, config_.parallel.dp_shard, config_.parallel.cp,
-                                  config_.parallel.cp_ulysses};
-  try {
-    const parallel::Mesh mesh(shape, env_.world);
-    dp_size_ = mesh.data_parallel();
-    dp_rank_ = mesh.data_parallel_rank(env_.rank);
-  } catch (const parallel::MeshError& e) {
-    throw ConfigError(std::string(e.what()) + " (" + env_.describe() + ")");
-  }
-  if (config_.data.batch_size % (dp_size_ * config_.train.grad_accum) != 0)
-    throw ConfigError("'data.batch_size' (" + std::to_string(config_.data.batch_size) + ") must be divisible by " +
-                      std::to_string(dp_size_) + " data-parallel ranks × 'train.grad_accum' (" +
-                      std::to_string(config_.train.grad_accum) + ")");
+  const ResolvedRun resolved = resolve(config_, this_environment(env_));  // mesh, batch split, device, threads
+  const bool distributed = resolved.sharded;
+  dp_size_ = resolved.data_parallel;
+  dp_rank_ = parallel::Mesh(resolved.mesh, env_.world).data_parallel_rank(env_.rank);
   device_ = select_device(config_.run, env_.local_rank);
   configure_cuda(device_, config_.train);  // bound before the first collective
   std::shared_ptr<const data::ImageDataset> dataset = build_dataset(config_);
@@ -132,7 +123,7 @@ Trainer::Trainer(Config config, TrainerHooks hooks) : config_(std::move(config))
     spdlog::info("initial weights from {}", config_.train.init_from);
   }
   // Checked before anything is written; the family's parallelize installs it below.
-  if (config_.parallel.cp > 1) context_attention_kind(config_, *model);
+  const std::string cp_attention = config_.parallel.cp > 1 ? context_attention_kind(config_, *model) : "";
   fp8_ = apply_fp8(*model, config_, device_);  // before sharding: FSDP gathers into the same modules
   // fp8.all_gather's checks (recipe, sharding) before anything is written.
   auto fp8_gathered = fp8_all_gather_weights(fp8_, config_, distributed);
@@ -141,15 +132,12 @@ Trainer::Trainer(Config config, TrainerHooks hooks) : config_(std::move(config))
     evaluator_->check(config_, *model);
   }
   if (distributed) {
-    parallel::RuntimeOptions ro{env_, shape, config_.parallel.backend, config_.parallel.timeout_s, device_};
+    parallel::RuntimeOptions ro{env_, resolved.mesh, resolved.backend, config_.parallel.timeout_s, device_};
     runtime_ = parallel::Runtime::create(ro);  // rendezvous: every rank arrives or all fail
   }
   prepare_run_dir();
   TrainConfig threading = config_.train;
-  if (threading.threads == 0 && env_.local_world > 1 && device_.is_cpu()) {
-    // Ranks sharing a machine share its cores: all-cores-each would oversubscribe them.
-    threading.threads = std::max<int64_t>(1, std::thread::hardware_concurrency() / env_.local_world);
-  }
+  threading.threads = resolved.threads;
   const int threads = configure_threads(threading);
   model->to(device_);
   spdlog::info("model: {}: {:.2f}M parameters, {:.3f} GFLOP per training sample (3× forward)", model->describe(),
@@ -160,8 +148,8 @@ Trainer::Trainer(Config config, TrainerHooks hooks) : config_(std::move(config))
                config_.train.grad_accum, config_.data.batch_size / (dp_size_ * config_.train.grad_accum));
   for (const std::string& line : fp8_log_lines(fp8_, config_, device_)) spdlog::info("{}", line);
   // Context parallelism, FSDP and activation checkpointing, as the model's family orders them.
-  Parallelized parallelized = family.parallelize(*model, {&config_, runtime_.get(), std::move(fp8_gathered)});
-  const std::string cp_attention = parallelized.context_attention;
+  Parallelized parallelized =
+      family.parallelize(*model, {&config_, runtime_.get(), std::move(fp8_gathered), cp_attention});
   if (runtime_)
     state_ = make_sharded_train_state(model, config_, *runtime_, std::move(parallelized));
   else

@@ -239,3 +239,28 @@ TEST(TraceCheck, AcceptsNestedSlicesAndFlagsWhatPerfettoWouldReject) {
   EXPECT_NE(chrome_trace_problems(trace(R"([{"ph":"X","name":"a","ts":0,"pid":1,"tid":1}])")), "");
   EXPECT_NE(chrome_trace_problems(nlohmann::json::parse("{}")), "");
 }
+
+// `flowtrain config` prints what a config resolves to (here, and for a planned world), and a plan
+// that breaks a rule exits 2 with the rule's error before anything runs.
+TEST(ConfigCli, PrintsWhatTheConfigResolvesToAndRefusesABrokenPlan) {
+  const std::string config = source_path("configs/fashion_dit.yaml");
+  auto r = run_flowtrain("config -c " + config + " --gpus 0");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  for (const char* line : {"#   device    cpu", "#   sharding  none (one process)",
+                           "#   batch     global 128 = 1 data-parallel rank × 1 micro-batch × 128 samples",
+                           "#   model     hidden 128, depth 6, heads 4", "\nrun:\n"})
+    EXPECT_NE(r.output.find(line), std::string::npos) << line << "\n" << r.output;
+
+  r = run_flowtrain("config -c " + config + " --world 16 --ranks-per-node 8 --gpus 8 --set parallel.dp_replicate=2");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  for (const char* line : {"# for world 16 (8 per machine), 8 GPUs", "#   device    cuda",
+                           "#   mesh      dp_replicate 2 × dp_shard 8 × cp 1 (16 data-parallel ranks)",
+                           "#   sharding  FSDP over the mesh, nccl collectives",
+                           "#   batch     global 128 = 16 data-parallel ranks × 1 micro-batch × 8 samples"})
+    EXPECT_NE(r.output.find(line), std::string::npos) << line << "\n" << r.output;
+
+  r = run_flowtrain("config -c " + config + " --world 48");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("'data.batch_size' (128) must be divisible by 48 data-parallel ranks"), std::string::npos)
+      << r.output;
+}

@@ -5,6 +5,7 @@
 #include "trainer/checkpoint/export.h"
 #include "trainer/checkpoint/inspect.h"
 #include "trainer/cli/command.h"
+#include "trainer/config/resolve.h"
 #include "trainer/family.h"
 #include "trainer/trainer.h"
 
@@ -13,6 +14,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <climits>
 #include <cstdio>
 #include <cstdlib>
@@ -23,8 +25,19 @@ namespace flowtrain::cli {
 
 namespace {
 
-int cmd_config(const ConfigArgs& args) {
+// Where `flowtrain config` resolves the config: this process's environment, or a planned one.
+struct PlannedEnvironment {
+  int64_t world = 0, ranks_per_node = 0, gpus = -1;  // 0 / −1: as this process sees it
+};
+
+int cmd_config(const ConfigArgs& args, const PlannedEnvironment& planned) {
   trainer::Config c = args.load();
+  trainer::RunEnvironment env = trainer::this_environment(parallel::resolve_dist_env_from_process());
+  if (planned.world > 0) env.world = planned.world;
+  if (planned.ranks_per_node > 0) env.ranks_per_node = planned.ranks_per_node;
+  if (planned.world > 0 && planned.ranks_per_node <= 0) env.ranks_per_node = std::min(env.world, env.ranks_per_node);
+  if (planned.gpus >= 0) env.cuda_devices = planned.gpus;
+  const trainer::ResolvedRun resolved = trainer::resolve(c, env);  // throws ConfigError on a broken rule
   const trainer::ModelCost cost = trainer::model_family(c.model.arch).cost(c.model);
   std::printf("# resolved config of %s\n", c.source_path.c_str());
   const int64_t transformer = cost.parameters - cost.text_encoder_parameters;
@@ -34,6 +47,8 @@ int cmd_config(const ConfigArgs& args) {
                 cost.text_encoder_parameters / 1e9);
   std::printf(", %.4f GFLOP per training sample (3x forward; %ld tokens)\n", cost.train_flops_per_sample / 1e9,
               static_cast<long>(cost.tokens_per_sample));
+  std::printf("# for %s:\n", env.describe().c_str());
+  for (const auto& [key, value] : resolved.lines(c)) std::printf("#   %-9s %s\n", key.c_str(), value.c_str());
   std::printf("%s\n", trainer::to_yaml(c).c_str());
   return 0;
 }
@@ -109,9 +124,17 @@ std::vector<Command> add_run_commands(CLI::App& app) {
                       }});
 
   auto config_args = std::make_shared<ConfigArgs>();
-  auto* config = app.add_subcommand("config", "print the fully resolved config (defaults filled in)");
+  auto planned = std::make_shared<PlannedEnvironment>();
+  auto* config = app.add_subcommand("config", "print the fully resolved config (defaults filled in) and what it "
+                                              "resolves to where it would run; exits 2 on a rule it breaks");
   config_args->add_to(config);
-  commands.push_back({config, [config_args] { return cmd_config(*config_args); }});
+  config->add_option("--world", planned->world, "resolve for a job of this many ranks (default: this process's)")
+      ->check(CLI::PositiveNumber);
+  config->add_option("--ranks-per-node", planned->ranks_per_node, "ranks sharing a machine (default: this process's)")
+      ->check(CLI::PositiveNumber);
+  config->add_option("--gpus", planned->gpus, "GPUs a machine has (default: as this machine)")
+      ->check(CLI::NonNegativeNumber);
+  commands.push_back({config, [config_args, planned] { return cmd_config(*config_args, *planned); }});
 
   auto export_options = std::make_shared<trainer::ExportOptions>();
   auto* exporter = app.add_subcommand("export", "write a checkpoint's weights as one safetensors file");

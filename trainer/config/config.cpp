@@ -2,6 +2,7 @@
 // key is added in exactly one place (build_schema below) and can never be parsed but not
 // emitted, or emitted but not validated.
 #include "trainer/config/config.h"
+#include "trainer/config/resolve.h"
 
 #include "models/fp8/recipe.h"
 #include "trainer/health/batch_ordinals.h"
@@ -778,9 +779,7 @@ void Config::validate() const {
   }
 
   model_family(model.arch).validate(model);  // the family's cross-field checks
-  if (data.batch_size % train.grad_accum != 0)
-    throw ConfigError("'data.batch_size' (" + std::to_string(data.batch_size) +
-                      ") must be divisible by 'train.grad_accum' (" + std::to_string(train.grad_accum) + ")");
+  check_batch_split(*this, /*data_parallel=*/1);  // the world is not known yet: resolve() checks it there
   if (parallel.dp_shard == 0)
     throw ConfigError("'parallel.dp_shard' must be >= 1 or -1 (the rest of the world), got 0");
   if (parallel.cp_attention == "hybrid" &&
