@@ -6,18 +6,6 @@
 
 namespace flowtrain::models {
 
-TimestepDistribution parse_timestep_distribution(const std::string& name) {
-  if (name == "uniform") return TimestepDistribution::Uniform;
-  if (name == "logit_normal") return TimestepDistribution::LogitNormal;
-  throw std::invalid_argument("unknown timestep distribution '" + name + "' (uniform|logit_normal)");
-}
-
-SamplerKind parse_sampler(const std::string& name) {
-  if (name == "euler") return SamplerKind::Euler;
-  if (name == "heun") return SamplerKind::Heun;
-  throw std::invalid_argument("unknown sampler '" + name + "' (euler|heun)");
-}
-
 at::Tensor shift_time(const at::Tensor& t, double alpha) {
   if (alpha == 1.0) return t;
   return alpha * t / (1 + (alpha - 1) * t);

@@ -9,6 +9,7 @@
 #pragma once
 
 #include "models/conditioning.h"
+#include "models/flow_kinds.h"
 #include "models/model.h"
 
 #include <ATen/ATen.h>
@@ -19,8 +20,6 @@
 
 namespace flowtrain::models {
 
-enum class TimestepDistribution { Uniform, LogitNormal };
-TimestepDistribution parse_timestep_distribution(const std::string& name);  // uniform | logit_normal
 
 struct TimestepSampler {
   TimestepDistribution distribution = TimestepDistribution::LogitNormal;
@@ -77,8 +76,6 @@ at::Tensor per_sample_loss(const FlowMatchingLoss& l);
 // x0 (learn-sigma) is trained on its first C channels only.
 FlowMatchingLoss flow_matching_loss(const VelocityFn& model, const at::Tensor& x0, const FlowMatchingDraw& draw);
 
-enum class SamplerKind { Euler, Heun };
-SamplerKind parse_sampler(const std::string& name);  // euler | heun
 
 struct SamplerOptions {
   SamplerKind kind = SamplerKind::Euler;

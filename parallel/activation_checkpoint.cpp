@@ -107,21 +107,15 @@ models::Tensors checkpointed_call(models::UnitCall call, const models::Tensors& 
 
 namespace {
 bool every_th(int64_t every, int64_t block_index) { return every > 0 && block_index % every == 0; }
-void check_mode(const std::string& mode) {
-  TORCH_CHECK(mode == "none" || mode == "full" || mode == "attention" || mode == "mlp",
-              "activation checkpointing mode must be none | full | attention | mlp, got ", mode);
-}
 }  // namespace
 
-bool checkpoint_block(const std::string& mode, int64_t every, int64_t block_index) {
-  check_mode(mode);
-  return mode == "full" && every_th(every, block_index);
+bool checkpoint_block(RecomputePolicy policy, int64_t every, int64_t block_index) {
+  return policy == RecomputePolicy::full && every_th(every, block_index);
 }
 
-bool checkpoint_sublayer(const std::string& mode, int64_t every, int64_t block_index, models::Sublayer part) {
-  check_mode(mode);
-  const bool wanted = (mode == "attention" && part == models::Sublayer::Attention) ||
-                      (mode == "mlp" && part == models::Sublayer::Mlp);
+bool checkpoint_sublayer(RecomputePolicy policy, int64_t every, int64_t block_index, models::Sublayer part) {
+  const bool wanted = (policy == RecomputePolicy::attention && part == models::Sublayer::Attention) ||
+                      (policy == RecomputePolicy::mlp && part == models::Sublayer::Mlp);
   return wanted && every_th(every, block_index);
 }
 

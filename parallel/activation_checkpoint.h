@@ -12,6 +12,7 @@
 #pragma once
 
 #include "models/model.h"
+#include "parallel/recompute.h"
 
 #include <ATen/ATen.h>
 
@@ -24,11 +25,11 @@ namespace flowtrain::parallel {
 // (dropout) draws the same ones. `call` must stay callable until backward has run.
 models::Tensors checkpointed_call(models::UnitCall call, const models::Tensors& inputs);
 
-// What to checkpoint, from train.activation_checkpointing and _every: "full" recomputes whole
-// blocks; "attention" / "mlp" (selective) recompute only that sublayer of a block
-// (models::Sublayer), keeping the rest of its activations; "none" nothing. Applies to every
+// What to checkpoint, from train.activation_checkpointing and _every: full recomputes whole
+// blocks; attention / mlp (selective) recompute only that sublayer of a block
+// (models::Sublayer), keeping the rest of its activations; none nothing. Applies to every
 // `every`-th block, starting with block 0 (every = 1: all blocks).
-bool checkpoint_block(const std::string& mode, int64_t every, int64_t block_index);
-bool checkpoint_sublayer(const std::string& mode, int64_t every, int64_t block_index, models::Sublayer part);
+bool checkpoint_block(RecomputePolicy policy, int64_t every, int64_t block_index);
+bool checkpoint_sublayer(RecomputePolicy policy, int64_t every, int64_t block_index, models::Sublayer part);
 
 }  // namespace flowtrain::parallel

@@ -163,7 +163,9 @@ class C10dRuntime : public Runtime {
  public:
   explicit C10dRuntime(const RuntimeOptions& o) : env_(o.env), mesh_(o.mesh, o.env.world) {
     const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(o.timeout_s * 1000));
-    backend_ = o.backend == "auto" ? (o.device.is_cuda() ? "nccl" : "gloo") : o.backend;
+    if (o.backend != "nccl" && o.backend != "gloo")  // the config's auto is resolved before (trainer/config/resolve.h)
+      throw std::invalid_argument("Runtime: backend must be nccl or gloo, got '" + o.backend + "'");
+    backend_ = o.backend;
     device_index_ = o.device;
     if (env_.world == 1) {
       store_ = c10::make_intrusive<c10d::HashStore>();

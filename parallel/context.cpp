@@ -60,19 +60,26 @@ at::Tensor hybrid_attention(const at::Tensor& q, const at::Tensor& k, const at::
   });
 }
 
-LocalAttention context_attention(const std::string& kind, Runtime& runtime, LocalAttention local) {
-  if (kind != "ulysses" && kind != "ring" && kind != "hybrid")
-    throw std::invalid_argument(fmt::format("unknown context-parallel attention '{}' (ulysses | ring | hybrid)", kind));
+const char* name(ContextAttention kind) {
+  switch (kind) {
+    case ContextAttention::Ulysses: return "ulysses";
+    case ContextAttention::Ring: return "ring";
+    case ContextAttention::Hybrid: return "hybrid";
+  }
+  return "?";
+}
+
+LocalAttention context_attention(ContextAttention kind, Runtime& runtime, LocalAttention local) {
   // A group's first operation must be a collective of all its members: NCCL creates the group's
   // communicator there, which the ring's grouped send/recv then use (a first P2P operation would
   // set up per-pair communicators, each waiting for its peer: a cycle).
   Comm& group = runtime.context_group();
   group.barrier();
-  if (kind == "ulysses")
+  if (kind == ContextAttention::Ulysses)
     return [&group, local = std::move(local)](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
       return ulysses_attention(q, k, v, group, local);
     };
-  if (kind == "ring")
+  if (kind == ContextAttention::Ring)
     return [&group](const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
       return ring_attention(q, k, v, group);
     };

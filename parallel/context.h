@@ -48,10 +48,12 @@ at::Tensor ring_attention(const at::Tensor& q, const at::Tensor& k, const at::Te
 // [B, H, N/(U·R), Dh] tokens in, the same rows of the whole sequence's attention out.
 at::Tensor hybrid_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, Comm& ulysses, Comm& ring);
 
-// "ulysses" | "ring" | "hybrid" as an attention function bound to the runtime's context groups
-// (config: parallel.cp_attention; hybrid needs the mesh's cp_ulysses split). `local` is the
-// attention Ulysses runs on whole sequences. Throws std::invalid_argument for another name.
-LocalAttention context_attention(const std::string& kind, Runtime& runtime, LocalAttention local);
+// The context-parallel attentions (config: parallel.cp_attention, auto resolved).
+enum class ContextAttention { Ulysses, Ring, Hybrid };
+const char* name(ContextAttention kind);  // "ulysses" | "ring" | "hybrid"
+// `kind` as an attention function bound to the runtime's context groups (hybrid needs the mesh's
+// cp_ulysses split). `local` is the attention Ulysses runs on whole sequences.
+LocalAttention context_attention(ContextAttention kind, Runtime& runtime, LocalAttention local);
 
 // The sequence split itself, along `dim` (tokens): this rank's contiguous chunk, and its inverse
 // (every member's chunk, concatenated in rank order). gather's backward keeps this rank's chunk

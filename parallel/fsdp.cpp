@@ -46,15 +46,6 @@ ShardPart shard_part(const FsdpUnitLayout& unit, const FsdpParamLayout& param, i
   return begin < stop ? ShardPart{begin - first, stop - begin} : ShardPart{};
 }
 
-ReductionFault parse_reduction_fault(const std::string& s) {
-  if (s == "none") return ReductionFault::None;
-  if (s == "sum_over_shard_group") return ReductionFault::SumOverShardGroup;
-  if (s == "no_context_sum") return ReductionFault::NoContextSum;
-  if (s == "sum_over_replicas") return ReductionFault::SumOverReplicas;
-  throw std::invalid_argument("reduction fault '" + s +
-                              "': expected none, sum_over_shard_group, no_context_sum or sum_over_replicas");
-}
-
 namespace {
 
 // Fires after AccumulateGrad has written a parameter's .grad.

@@ -52,22 +52,13 @@
 #include <deque>
 #include <map>
 #include <memory>
+#include "parallel/reduction_fault.h"
+
 #include <string>
 #include <vector>
 
 namespace flowtrain::parallel {
 
-// Deliberately wrong gradient reductions, for the tests that must show the equivalence checks
-// catch each reduction factor (config debug.inject.reduction, refused unless debug.allow_inject).
-enum class ReductionFault {
-  None,
-  SumOverShardGroup,     // sum instead of the data-parallel mean: gradients × (dp_shard · cp)
-  NoContextSum,          // the × cp for context ranks' partial sums skipped: gradients ÷ cp
-  SumOverReplicas,       // HSDP replicas summed instead of averaged: gradients × dp_replicate
-};
-// none | sum_over_shard_group | no_context_sum | sum_over_replicas; throws std::invalid_argument on
-// another value.
-ReductionFault parse_reduction_fault(const std::string& name);
 
 struct FsdpOptions {
   bool reshard_after_forward = true;

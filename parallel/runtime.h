@@ -20,7 +20,7 @@ namespace flowtrain::parallel {
 struct RuntimeOptions {
   DistEnv env;
   MeshShape mesh;
-  std::string backend = "auto";  // auto | gloo | nccl
+  std::string backend = "gloo";  // gloo | nccl (c10d's names)
   double timeout_s = 600;
   c10::Device device = c10::Device(c10::kCPU);
 };

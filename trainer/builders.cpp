@@ -54,11 +54,11 @@ void configure_cuda(const c10::Device& device, const TrainConfig& train) {
 }
 
 std::shared_ptr<const data::ImageDataset> build_dataset(const Config& c) {
-  if (c.data.source == "shards") return nullptr;  // streamed by the shard loader (trainer/data_source.h)
+  if (c.data.source == DataSource::shards) return nullptr;  // streamed by the shard loader (trainer/data_source.h)
   auto dataset = std::make_shared<data::ImageDataset>();
-  if (c.data.source == "fashion_mnist") {
+  if (c.data.source == DataSource::fashion_mnist) {
     *dataset = data::load_fashion_mnist(c.data.path, "train");
-  } else if (c.data.source == "compositions") {  // captioned canvases: no classes, text fields
+  } else if (c.data.source == DataSource::compositions) {  // captioned canvases: no classes, text fields
     data::CompositionSet set = data::load_compositions(c.data.path, "train");
     std::vector<std::string> captions;
     for (const auto& item : set.items) captions.push_back(item.caption);
@@ -76,17 +76,17 @@ std::shared_ptr<const data::ImageDataset> build_dataset(const Config& c) {
   if (c.model.frames > 1 && dataset->images.dim() != 5)
     throw ConfigError(fmt::format("{}: 'model.frames' is {} (a video model) but data.source '{}' holds images: train "
                                   "it on clips (data.source shards with data.video.frames {}, or synthetic)",
-                                  where, c.model.frames, c.data.source, c.model.frames));
+                                  where, c.model.frames, name_of(c.data.source), c.model.frames));
   const int64_t channels = dataset->images.size(-3), side = dataset->images.size(-1);
   if (channels != c.model.in_channels)
     throw ConfigError(fmt::format("{}: 'model.in_channels' is {} but data.source '{}' has {}-channel images", where,
-                                  c.model.in_channels, c.data.source, channels));
+                                  c.model.in_channels, name_of(c.data.source), channels));
   if (side > c.model.image_size)
     throw ConfigError(fmt::format("{}: 'model.image_size' is {} but data.source '{}' has {}×{} images (must be >=; "
-                                  "smaller images are padded)", where, c.model.image_size, c.data.source, side, side));
+                                  "smaller images are padded)", where, c.model.image_size, name_of(c.data.source), side, side));
   if (dataset->num_classes > c.model.num_classes)
     throw ConfigError(fmt::format("{}: 'model.num_classes' is {} but data.source '{}' has {} classes", where,
-                                  c.model.num_classes, c.data.source, dataset->num_classes));
+                                  c.model.num_classes, name_of(c.data.source), dataset->num_classes));
   return dataset;
 }
 
@@ -113,7 +113,7 @@ double time_shift(const Config& c) {
 }
 
 models::TimestepSampler timestep_sampler(const Config& c) {
-  return {models::parse_timestep_distribution(c.flow.timesteps), c.flow.logit_mean, c.flow.logit_std, time_shift(c)};
+  return {c.flow.timesteps, c.flow.logit_mean, c.flow.logit_std, time_shift(c)};
 }
 
 namespace {

@@ -21,7 +21,7 @@ DataSession::DataSession(const Config& config, std::shared_ptr<const data::Image
 DataSession::~DataSession() = default;
 
 void DataSession::start(TrainProgress& progress) {
-  const bool shards = config_.data.source == "shards";
+  const bool shards = config_.data.source == DataSource::shards;
   if (shards && progress.shards) progress.loader = shard_start_state(*progress.shards);
   source_.reset();  // a rollback's old loader stops its workers before the new one starts
   source_ = make_batch_source(config_, dataset_, at_.dp_rank, at_.dp_size, at_.device, progress.loader);

@@ -91,13 +91,13 @@ data::ShardLoaderOptions shard_loader_options(const Config& c, int64_t dp_rank, 
   o.world = dp_size;
   o.image_size = c.model.image_size;
   o.pin_memory = device.is_cuda();
-  o.fail_on_damage = c.data.on_error == "fail";
+  o.fail_on_damage = c.data.on_error == DamagePolicy::fail;
   o.max_skip_fraction = c.data.max_skip_fraction;
   o.warn = [](const std::string& line) { spdlog::warn("data: {}", line); };
 
   // What every sample must hold, from the model.
   const FamilySpec& family = model_family(c.model.arch);
-  o.spec.image = c.data.image_member == "latent" ? "latent" : "image";
+  o.spec.image = c.data.image_member == ImageMember::latent ? data::ImageKind::Latent : data::ImageKind::Image;
   o.spec.channels = c.model.in_channels;
   o.spec.max_side = c.model.image_size;
   o.spec.video_frames = c.data.video_frames;
@@ -165,7 +165,7 @@ data::ShardLoaderOptions shard_loader_options(const Config& c, int64_t dp_rank, 
 std::unique_ptr<data::BatchSource> make_batch_source(const Config& c, std::shared_ptr<const data::ImageDataset> dataset,
                                                      int64_t dp_rank, int64_t dp_size, const c10::Device& device,
                                                      const data::LoaderState& start) {
-  if (c.data.source != "shards")
+  if (c.data.source != DataSource::shards)
     return std::make_unique<data::Loader>(std::move(dataset), loader_options(c, dp_rank, dp_size, device), start);
   const auto resumed_streams = static_cast<int64_t>(start.stream_counts.size());
   return std::make_unique<data::ShardLoader>(shard_loader_options(c, dp_rank, dp_size, device, resumed_streams), start);

@@ -129,7 +129,7 @@ NumericsReport fp8_numerics(const Config& config, models::DiffusionModel& model,
                             const std::vector<std::string>& recipes, const c10::Device& device) {
   // The layers: the config's choice, found by converting once with a placeholder recipe.
   Config probe = config;
-  probe.fp8.recipe = "tensorwise";
+  probe.fp8.recipe = fp8::Recipe::tensorwise;
   const fp8::Fp8Options options = fp8_options(probe, device);
   const fp8::Fp8Conversion chosen = apply_fp8(model, probe, device);
   std::map<std::string, models::LinearImpl*> layers;
@@ -152,7 +152,7 @@ NumericsReport fp8_numerics(const Config& config, models::DiffusionModel& model,
     const fp8::Recipe recipe = fp8::parse_recipe(recipe_name);
     if (recipe == fp8::Recipe::none) throw ConfigError("numerics: recipe none has nothing to measure");
     Config with = config;
-    with.fp8.recipe = recipe_name;
+    with.fp8.recipe = recipe;
     const bool emulate = fp8_options(with, device).emulate;  // errors here name the device
     RecipeNumerics r;
     r.recipe = recipe_name;

@@ -18,7 +18,7 @@ constexpr int kFp8MinComputeCapability = 89;
 fp8::Fp8Options fp8_options(const Config& config, const c10::Device& device) {
   const Fp8Config& c = config.fp8;
   fp8::Fp8Options o;
-  o.recipe = fp8::parse_recipe(c.recipe);
+  o.recipe = c.recipe;
   o.emulate = c.emulate || !device.is_cuda();
   o.include = c.include;
   o.exclude = c.exclude;
@@ -32,11 +32,11 @@ fp8::Fp8Options fp8_options(const Config& config, const c10::Device& device) {
   if (fp8::block_scaled(o.recipe))
     throw ConfigError(fmt::format("'fp8.recipe' {}: block-scaled MX GEMMs are Blackwell hardware and this build "
                                   "does not call them; {}. Set 'fp8.emulate: true' to train with emulated MX numerics",
-                                  c.recipe, where));
+                                  name_of(c.recipe), where));
   if (cc < kFp8MinComputeCapability)
     throw ConfigError(fmt::format("'fp8.recipe' {} needs fp8 tensor cores (compute capability >= 8.9); {}. Set "
                                   "'fp8.emulate: true' to emulate",
-                                  c.recipe, where));
+                                  name_of(c.recipe), where));
   o.require_multiple_of_16 = true;
   return o;
 }
@@ -48,7 +48,7 @@ fp8::Fp8Conversion apply_fp8(models::DiffusionModel& model, const Config& config
     for (const std::string& block : model.units().blocks) options.include.push_back(block + ".*");
   fp8::Fp8Conversion conversion = fp8::convert_linears(model, options);
   if (conversion.converted.empty())
-    throw ConfigError("'fp8.recipe' is " + config.fp8.recipe + " but no linear matched 'fp8.include' / 'fp8.exclude' / "
+    throw ConfigError("'fp8.recipe' is " + name_of(config.fp8.recipe) + " but no linear matched 'fp8.include' / 'fp8.exclude' / "
                       "'fp8.min_dim'" + (conversion.skipped.empty() ? "" : " (first refused: " + conversion.skipped.front() + ")"));
   return conversion;
 }
@@ -60,7 +60,7 @@ std::vector<std::string> fp8_log_lines(const fp8::Fp8Conversion& conversion, con
   if (!device.is_cuda() && !config.fp8.emulate)
     lines.push_back(fmt::format("fp8: {} has no fp8 GEMM, so fp8.recipe {} is emulated (quantise with the recipe's "
                                 "scales, dequantise, multiply in fp32): its numerics, not its speed",
-                                device.str(), config.fp8.recipe));
+                                device.str(), name_of(config.fp8.recipe)));
   lines.push_back(conversion.summary(fp8_options(config, device)));
   if (config.fp8.all_gather)
     lines.push_back(fmt::format("fp8 all-gather: the {} converted weights are all-gathered as e4m3 bytes with one scale "
@@ -73,10 +73,10 @@ std::map<std::string, std::shared_ptr<models::PrecastWeight>> fp8_all_gather_wei
     const fp8::Fp8Conversion& conversion, const Config& config, bool sharded) {
   if (!config.fp8.all_gather) return {};
   const std::string where = config.source_path.empty() ? std::string("config") : config.source_path;
-  if (config.fp8.recipe != "tensorwise")
+  if (config.fp8.recipe != fp8::Recipe::tensorwise)
     throw ConfigError(fmt::format("{}: 'fp8.all_gather' needs 'fp8.recipe' tensorwise (one scale per weight, sent "
                                   "with its bytes), not {}",
-                                  where, config.fp8.recipe));
+                                  where, name_of(config.fp8.recipe)));
   if (!sharded)
     throw ConfigError(fmt::format("{}: 'fp8.all_gather' casts FSDP's weight all-gathers, and this run is not sharded "
                                   "(one process: launch more ranks, or set 'parallel.fsdp: on')",

@@ -6,7 +6,7 @@ namespace flowtrain::trainer {
 
 double LrSchedule::lr_at(int64_t step) const {
   if (warmup_steps > 0 && step < warmup_steps) return peak_lr * double(step + 1) / double(warmup_steps);
-  if (kind == "constant") return peak_lr;
+  if (kind == ScheduleKind::constant) return peak_lr;
   // cosine over the steps after warmup
   const double span = std::max<int64_t>(1, total_steps - warmup_steps);
   const double progress = std::min(1.0, double(step - warmup_steps) / span);

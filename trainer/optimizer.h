@@ -4,6 +4,8 @@
 // safetensors, and the sharded trainer (FSDP) will hold the same state for its shards only.
 #pragma once
 
+#include "trainer/config/config.h"
+
 #include <ATen/ATen.h>
 
 #include <string>
@@ -18,7 +20,7 @@ struct AdamWOptions {
 struct LrSchedule {
   double peak_lr = 1e-4;
   int64_t warmup_steps = 0;
-  std::string kind = "constant";  // constant | cosine
+  ScheduleKind kind = ScheduleKind::constant;
   int64_t total_steps = 1;
   double min_lr_ratio = 0.0;
   // lr for optimizer step `step` (0-based): warmup (step+1)/warmup·peak, then constant or

@@ -6,6 +6,7 @@
 
 #include "models/linear.h"
 #include "models/model.h"
+#include "parallel/context.h"
 #include "parallel/fsdp.h"
 #include "parallel/runtime.h"
 #include "trainer/config/config.h"
@@ -13,6 +14,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 
 namespace flowtrain::trainer {
@@ -24,7 +26,7 @@ struct ParallelizeInputs {
   std::map<std::string, std::shared_ptr<models::PrecastWeight>> fp8_weights;
   // With parallel.cp > 1: the attention kind to install, context_attention_kind's answer for
   // this model (checked before the run directory is written).
-  std::string context_attention;
+  std::optional<parallel::ContextAttention> context_attention;
 };
 
 struct Parallelized {
@@ -49,7 +51,7 @@ Parallelized parallelize_transformer(models::DiffusionModel& model, ParallelizeI
 // when the heads split over parallel.cp, else ring). Throws ConfigError when the model's tokens
 // per sample do not split evenly over parallel.cp (each token stream on its own), or Ulysses is
 // asked for and the heads do not split over parallel.cp (hybrid: over parallel.cp_ulysses).
-std::string context_attention_kind(const Config& config, const models::DiffusionModel& model);
+parallel::ContextAttention context_attention_kind(const Config& config, const models::DiffusionModel& model);
 
 // One block's forward in training: under activation checkpointing (recomputed in backward)
 // when train.activation_checkpointing selects block `index` and gradients are being recorded,

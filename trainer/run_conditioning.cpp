@@ -25,7 +25,7 @@ std::string text_conditioned_archs() {
 
 // Captioned data needs a model conditioned on text.
 void require_text_model(const Config& c) {
-  if (c.data.source == "compositions" && model_family(c.model.arch).class_conditioning)
+  if (c.data.source == DataSource::compositions && model_family(c.model.arch).class_conditioning)
     throw ConfigError(fmt::format("'model.arch' {} is class-conditional and data.source 'compositions' has captions, "
                                   "not class labels (use model.arch {})",
                                   c.model.arch, text_conditioned_archs()));
@@ -128,14 +128,14 @@ RunConditioning run_conditioning(const Config& c, std::shared_ptr<const data::Im
     rc.grid_columns = std::min<int64_t>(classes, 10);
     return rc;
   }
-  if (c.data.source != "compositions" && c.data.source != "synthetic" && c.data.source != "shards")
+  if (c.data.source == DataSource::fashion_mnist)
     throw ConfigError(fmt::format("'model.arch' {} is conditioned on text, and data.source '{}' provides class labels "
                                   "only (use data.source compositions: `flowtrain data make-compositions`)",
-                                  c.model.arch, c.data.source));
+                                  c.model.arch, name_of(c.data.source)));
   rc.grid_columns = 8;
   // Captions (compositions, or shards' .txt members) through the built-in encoder; grid and
   // evaluation rows are the prompts of data.path/eval_prompts.jsonl.
-  if (builtin_text(c) && (c.data.source == "compositions" || c.data.source == "shards")) {
+  if (builtin_text(c) && (c.data.source == DataSource::compositions || c.data.source == DataSource::shards)) {
     rc.of_batch = [](const data::Batch& b) {
       return models::Conditioning{{"tokens", b.fields.at("tokens")}, {"txt_mask", b.fields.at("txt_mask")}};
     };

@@ -123,7 +123,8 @@ Trainer::Trainer(Config config, TrainerHooks hooks) : config_(std::move(config))
     spdlog::info("initial weights from {}", config_.train.init_from);
   }
   // Checked before anything is written; the family's parallelize installs it below.
-  const std::string cp_attention = config_.parallel.cp > 1 ? context_attention_kind(config_, *model) : "";
+  std::optional<parallel::ContextAttention> cp_attention;
+  if (config_.parallel.cp > 1) cp_attention = context_attention_kind(config_, *model);
   fp8_ = apply_fp8(*model, config_, device_);  // before sharding: FSDP gathers into the same modules
   // fp8.all_gather's checks (recipe, sharding) before anything is written.
   auto fp8_gathered = fp8_all_gather_weights(fp8_, config_, distributed);
@@ -144,7 +145,7 @@ Trainer::Trainer(Config config, TrainerHooks hooks) : config_(std::move(config))
                models::count_parameters(*model) / 1e6, model->train_flops_per_sample() / 1e9);
   spdlog::info("device {}, {} CPU threads, precision {}, global batch {} ({} data-parallel ranks × {} micro-batches "
                "× {})",
-               device_.str(), threads, config_.train.precision, config_.data.batch_size, dp_size_,
+               device_.str(), threads, name_of(config_.train.precision), config_.data.batch_size, dp_size_,
                config_.train.grad_accum, config_.data.batch_size / (dp_size_ * config_.train.grad_accum));
   for (const std::string& line : fp8_log_lines(fp8_, config_, device_)) spdlog::info("{}", line);
   // Context parallelism, FSDP and activation checkpointing, as the model's family orders them.
@@ -199,29 +200,32 @@ Trainer::Trainer(Config config, TrainerHooks hooks) : config_(std::move(config))
   if (!lead()) spdlog::set_level(spdlog::level::warn);  // rank 0 narrates; the others speak up on problems
 }
 
-void Trainer::log_parallel_layout(const models::DiffusionModel& model, const std::string& cp_attention) const {
+void Trainer::log_parallel_layout(const models::DiffusionModel& model,
+                                  std::optional<parallel::ContextAttention> cp_attention) const {
   const int64_t blocks = static_cast<int64_t>(model.units().blocks.size());
   if (runtime_) {
     spdlog::info("FSDP over {} ({} backend): {} block units, stem and head{}, {:.1f} MiB of training state on this rank",
                  runtime_->mesh().describe(), runtime_->backend(), blocks,
                  config_.fp8.all_gather ? " (and their '.fp8' siblings for fp8 all-gather)" : "",
                  state_->state_bytes() / 1048576.0);
-    if (!cp_attention.empty())
+    if (cp_attention)
       spdlog::info("context parallelism: {} tokens per sample split over {} ranks ({} per rank), {} attention{}",
                    model.tokens_per_sample(), config_.parallel.cp, model.tokens_per_sample() / config_.parallel.cp,
-                   cp_attention,
-                   cp_attention == "hybrid" ? fmt::format(" (Ulysses over {} adjacent ranks, ring across {} groups)",
+                   parallel::name(*cp_attention),
+                   cp_attention == parallel::ContextAttention::Hybrid ? fmt::format(" (Ulysses over {} adjacent ranks, ring across {} groups)",
                                                           config_.parallel.cp_ulysses,
                                                           config_.parallel.cp / config_.parallel.cp_ulysses)
                                             : "");
   }
-  if (config_.train.activation_checkpointing != "none") {
-    const std::string& mode = config_.train.activation_checkpointing;
+  if (config_.train.activation_checkpointing != parallel::RecomputePolicy::none) {
+    const parallel::RecomputePolicy mode = config_.train.activation_checkpointing;
     int64_t recomputed = 0;
     for (int64_t i = 0; i < blocks; ++i)  // every_th is the same rule for blocks and sublayers
-      recomputed += parallel::checkpoint_block("full", config_.train.activation_checkpointing_every, i);
+      recomputed += parallel::checkpoint_block(parallel::RecomputePolicy::full,
+                                               config_.train.activation_checkpointing_every, i);
     spdlog::info("activation checkpointing: {}{} of {} blocks recomputed in backward",
-                 mode == "full" ? "" : "the " + mode + " sublayer of ", recomputed, blocks);
+                 mode == parallel::RecomputePolicy::full ? "" : "the " + name_of(mode) + " sublayer of ", recomputed,
+                 blocks);
   }
 }
 
@@ -250,8 +254,8 @@ HealthMonitor::Wiring Trainer::health_wiring() {
   w.device = device_;
   // Judged every step where reading two numbers costs nothing extra: the CPU, a multi-rank step
   // (its stop vote is read every step anyway), or where a policy must act before the update.
-  const bool acting = config_.health.nonfinite != "stop" || config_.health.spike == "skip" ||
-                      config_.health.spike == "rollback";
+  const bool acting = config_.health.nonfinite != NonfinitePolicy::stop || config_.health.spike == SpikePolicy::skip ||
+                      config_.health.spike == SpikePolicy::rollback;
   w.judge_every_step = runtime_ != nullptr || device_.is_cpu() || acting;
   char host[256] = {0};
   gethostname(host, sizeof(host) - 1);
@@ -341,7 +345,7 @@ void Trainer::restore(const std::string& dir) {
     const int64_t restored = models::fp8::restore_amax_histories(fp8_, c.fp8);
     if (restored > 0)
       spdlog::info("fp8 delayed scaling: amax histories of {} linears restored", restored);
-    else if (config_.fp8.recipe == "delayed")
+    else if (config_.fp8.recipe == models::fp8::Recipe::delayed)
       spdlog::info("fp8 delayed scaling: {} holds no amax histories; scales start from each tensor's own amax", dir);
   } catch (const std::invalid_argument& e) {
     throw CheckpointError(fmt::format("{}/fp8.safetensors: {}", dir, e.what()));
@@ -510,7 +514,7 @@ void Trainer::write_checkpoint() {
   CheckpointContents c = checkpoint_tensors();
   c.progress = progress_;
   c.progress.skipped_updates = health_->skipped_updates();
-  if (config_.data.source == "shards") c.progress.shards = data_->merged_shard_state(progress_.loader);
+  if (config_.data.source == DataSource::shards) c.progress.shards = data_->merged_shard_state(progress_.loader);
   c.config_yaml = config_yaml_;
   c.world_size = env_.world;
   checkpoints_->save(c);
@@ -553,7 +557,7 @@ void Trainer::write_samples() {
     const at::Tensor grid = write_sample_grid(path, samples, conditioning_.grid_columns, sample_video_fps(config_));
     if (tensorboard_) tensorboard_->add_image("samples", grid, progress_.step);
     spdlog::info("samples {} ({} images, {} {} steps, cfg {}) in {:.1f} s", path, config_.sample.num,
-                 config_.sample.sampler, config_.sample.steps, config_.sample.cfg_scale, seconds_since(t0));
+                 name_of(config_.sample.sampler), config_.sample.steps, config_.sample.cfg_scale, seconds_since(t0));
   }
   barrier();
 }
@@ -601,7 +605,7 @@ void Trainer::log_step(const StepResult& r, double step_time, double data_wait, 
                                                 {"health_skipped_updates", double(health_->skipped_updates())},
                                                 {"health_rollbacks", double(rollbacks_)}};
   values.merge(health);
-  if (config_.data.source == "shards") {  // damaged samples skipped so far, over all ranks
+  if (config_.data.source == DataSource::shards) {  // damaged samples skipped so far, over all ranks
     const auto [skipped, repeated] = data_->skipped_and_repeated(progress_.loader);
     values["data_skipped"] = double(skipped);
     values["data_repeated"] = double(repeated);

@@ -18,6 +18,7 @@
 #include "trainer/health/block_telemetry.h"
 #include "trainer/health/fault_injection.h"
 #include "trainer/health/health_monitor.h"
+#include "parallel/context.h"
 #include "parallel/env.h"
 #include "parallel/runtime.h"
 #include "trainer/optimizer.h"
@@ -80,7 +81,8 @@ class Trainer {
   void restore(const std::string& checkpoint_dir);
   StepResult train_step();
   // The start-up lines on how the model was parallelised (FSDP, context parallelism, recompute).
-  void log_parallel_layout(const models::DiffusionModel& model, const std::string& cp_attention) const;
+  void log_parallel_layout(const models::DiffusionModel& model,
+                           std::optional<parallel::ContextAttention> cp_attention) const;
   // The checkpoint controller, with its commit vote over the checkpoint group and any injected pause.
   void make_checkpoint_controller();
   // health rollback: restores the newest complete checkpoint and continues past the batch of the

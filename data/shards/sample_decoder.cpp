@@ -63,8 +63,8 @@ int64_t parse_label(const RawSample& s, int64_t num_classes) {
 std::string required_members(const SampleSpec& spec) {
   std::vector<std::string> parts;
   if (spec.video_frames > 0) parts.push_back("mp4");
-  else if (spec.image == "image") parts.push_back("png|jpg");
-  if (spec.video_frames == 0 && spec.image == "latent") parts.push_back("latent.safetensors");
+  else if (spec.image == ImageKind::Image) parts.push_back("png|jpg");
+  if (spec.video_frames == 0 && spec.image == ImageKind::Latent) parts.push_back("latent.safetensors");
   if (spec.label) parts.push_back("cls");
   if (spec.caption) parts.push_back("txt");
   if (spec.text_embeddings) {
@@ -99,9 +99,9 @@ DecodedSample decode_sample(const RawSample& s, const SampleSpec& spec, uint64_t
   if (!s.error.empty()) throw DataError(s.error);
   DecodedSample out;
   if (spec.video_frames > 0) out.image = decode_clip(s, spec, draw);
-  else if (spec.image == "image") out.image = decode_image(s, spec);
-  else if (spec.image == "latent") out.image = tensor_member(s, "latent.safetensors", "latent").to(at::kFloat);
-  if (spec.image == "latent") {  // checked here, per sample: a bad one is damage, not a failed batch
+  else if (spec.image == ImageKind::Image) out.image = decode_image(s, spec);
+  else if (spec.image == ImageKind::Latent) out.image = tensor_member(s, "latent.safetensors", "latent").to(at::kFloat);
+  if (spec.image == ImageKind::Latent) {  // checked here, per sample: a bad one is damage, not a failed batch
     if (out.image.dim() != 3 || (spec.channels > 0 && out.image.size(0) != spec.channels))
       throw DataError(fmt::format("latent of shape {}, expected [{}, h, w]", c10::str(out.image.sizes()),
                                   spec.channels));
@@ -111,7 +111,7 @@ DecodedSample decode_sample(const RawSample& s, const SampleSpec& spec, uint64_t
   }
   if (!spec.buckets.empty() && out.image.defined()) {
     const int64_t h = out.image.size(1), w = out.image.size(2);
-    if (spec.image == "latent") {  // latents are not resampled: the shape must be a bucket's
+    if (spec.image == ImageKind::Latent) {  // latents are not resampled: the shape must be a bucket's
       for (size_t b = 0; b < spec.buckets.size(); ++b)
         if (spec.buckets[b] == Bucket{h, w}) out.bucket = static_cast<int64_t>(b);
       if (out.bucket < 0) throw DataError(fmt::format("a {}×{} latent matches no shape of data.buckets", h, w));

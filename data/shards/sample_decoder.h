@@ -20,8 +20,15 @@
 
 namespace flowtrain::data {
 
+// The member a sample's model input comes from.
+enum class ImageKind {
+  Image,   // png or jpg, decoded
+  Latent,  // latent.safetensors (tensor "latent"), as it is
+  None,    // no image member
+};
+
 struct SampleSpec {
-  std::string image = "image";  // image (png or jpg) | latent | none
+  ImageKind image = ImageKind::Image;
   int64_t channels = 0;         // images: 1 or 3 (gray is replicated to 3; colour to 1 is damage)
   int64_t max_side = 0;         // images larger than this are damage (0: any size)
   bool label = false;           // `cls` required, in [0, num_classes)

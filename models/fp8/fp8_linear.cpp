@@ -130,8 +130,6 @@ Fp8Linear::Fp8Linear(Recipe recipe, bool emulate, DelayedOptions delayed)
     : recipe_(recipe), emulate_(emulate), delayed_(std::move(delayed)) {
   if (recipe_ == Recipe::none) throw std::invalid_argument("Fp8Linear: recipe none is the plain linear");
   if (delayed_.history_len < 1) throw std::invalid_argument("Fp8Linear: amax history length must be ≥ 1");
-  if (delayed_.reduce != "max" && delayed_.reduce != "most_recent")
-    throw std::invalid_argument("Fp8Linear: amax reduce must be max or most_recent, got '" + delayed_.reduce + "'");
 }
 
 std::string Fp8Linear::describe() const {
@@ -146,7 +144,7 @@ at::Tensor Fp8Linear::history_amax(const c10::Device& device) {
   }
   if (commits_ == 0) return {};
   const int64_t filled = std::min<int64_t>(commits_, delayed_.history_len);
-  return delayed_.reduce == "max" ? std::get<0>(history_.narrow(0, 0, filled).max(0)) : history_[0];
+  return delayed_.reduce == AmaxReduce::max ? std::get<0>(history_.narrow(0, 0, filled).max(0)) : history_[0];
 }
 
 void Fp8Linear::commit_amax(const at::Tensor& reduced) {

@@ -22,7 +22,7 @@ namespace flowtrain::models::fp8 {
 
 struct DelayedOptions {
   int64_t history_len = 16;  // steps of amax kept per operand
-  std::string reduce = "max";  // max | most_recent: how the history becomes the amax of a scale
+  AmaxReduce reduce = AmaxReduce::max;  // how the history becomes the amax of a scale
 };
 
 class Fp8Linear : public LinearCompute {

@@ -5,25 +5,13 @@
 #pragma once
 
 #include "models/fp8/quantize.h"
+#include "models/fp8/recipe_kind.h"
 
 #include <string>
 #include <vector>
 
 namespace flowtrain::models::fp8 {
 
-enum class Recipe {
-  none,           // no fp8 (the linear keeps at::linear)
-  tensorwise,     // dynamic per-tensor scales; x, W e4m3, ∂y e5m2; backward reuses x's and W's scales
-  rowwise,        // per-row power-of-two scales, all e4m3; backward re-quantises along the other axis
-  rowwise_gw_hp,  // rowwise, with the weight-gradient GEMM in bf16
-  delayed,        // tensorwise with scales from an amax history (Transformer Engine's default)
-  mxfp8,          // 1×32 blocks with e8m0 scales, all e4m3 (Blackwell's MX format; emulated here)
-  mxfp8_rceil,    // mxfp8 with each block's scale rounded up (NVIDIA's rule): no element saturates
-};
-Recipe parse_recipe(const std::string& text);  // throws std::invalid_argument listing the choices
-const char* name(Recipe recipe);
-bool block_scaled(Recipe recipe);  // an MX recipe: its GEMMs need Blackwell's block-scaled fp8
-std::vector<std::string> recipe_names();
 
 // One operand's cast; fp8 == false keeps it in bf16 (a bf16 GEMM, fp32 accumulation).
 struct OperandCast {

@@ -34,10 +34,10 @@ std::vector<std::string> run_context_ranks(int world, Body body, int64_t ulysses
   return test::run_thread_ranks(world, parallel::MeshShape{1, 1, world, ulysses}, body);
 }
 
-void expect_parallel_attention_matches_reference(const std::string& kind, int world,
+void expect_parallel_attention_matches_reference(parallel::ContextAttention kind, int world,
                                                  parallel::RingKernel kernel = parallel::RingKernel::Auto,
                                                  int64_t ulysses = 1) {
-  SCOPED_TRACE(kind + " at cp " + std::to_string(world) + ", ring kernel " + std::to_string(int(kernel)) +
+  SCOPED_TRACE(std::string(parallel::name(kind)) + " at cp " + std::to_string(world) + ", ring kernel " + std::to_string(int(kernel)) +
                ", ulysses " + std::to_string(ulysses));
   const int64_t B = 2, H = 4, N = 12, Dh = 8, n = N / world;
   at::manual_seed(11);
@@ -53,7 +53,7 @@ void expect_parallel_attention_matches_reference(const std::string& kind, int wo
   std::vector<Chunk> chunks(world);
   auto errors = run_context_ranks(world, [&](int rank, parallel::Runtime& runtime) {
     parallel::LocalAttention attention =
-        kind == "ring" ? [&](const at::Tensor& q_, const at::Tensor& k_, const at::Tensor& v_) {
+        kind == parallel::ContextAttention::Ring ? [&](const at::Tensor& q_, const at::Tensor& k_, const at::Tensor& v_) {
           return parallel::ring_attention(q_, k_, v_, runtime.context_group(), kernel);
         } : parallel::context_attention(kind, runtime, reference_attention);
     at::Tensor cq = q.narrow(2, rank * n, n).clone().requires_grad_();
@@ -81,23 +81,23 @@ void expect_parallel_attention_matches_reference(const std::string& kind, int wo
 }  // namespace
 
 TEST(DistContext, UlyssesAttentionEqualsTheUnsplitAttentionForwardAndBackward) {
-  expect_parallel_attention_matches_reference("ulysses", 2);
-  expect_parallel_attention_matches_reference("ulysses", 4);
+  expect_parallel_attention_matches_reference(parallel::ContextAttention::Ulysses, 2);
+  expect_parallel_attention_matches_reference(parallel::ContextAttention::Ulysses, 4);
 }
 
 TEST(DistContext, RingAttentionEqualsTheUnsplitAttentionForwardAndBackward) {
   // Both block kernels: ATen's CPU flash kernel (the default here) and the matmul version (the
   // default on other devices).
   for (auto kernel : {parallel::RingKernel::CpuFlash, parallel::RingKernel::Math}) {
-    expect_parallel_attention_matches_reference("ring", 2, kernel);
-    expect_parallel_attention_matches_reference("ring", 4, kernel);
+    expect_parallel_attention_matches_reference(parallel::ContextAttention::Ring, 2, kernel);
+    expect_parallel_attention_matches_reference(parallel::ContextAttention::Ring, 4, kernel);
   }
 }
 
 TEST(DistContext, HybridUlyssesInsideRingAcrossEqualsTheUnsplitAttentionForwardAndBackward) {
   // cp 4 as Ulysses 2 × ring 2: each rank attends with 2 of the 4 heads over 6 of the 12 tokens
   // after the all-to-all, the ring walks the other 6.
-  expect_parallel_attention_matches_reference("hybrid", 4, parallel::RingKernel::Auto, 2);
+  expect_parallel_attention_matches_reference(parallel::ContextAttention::Hybrid, 4, parallel::RingKernel::Auto, 2);
 }
 
 TEST(DistContext, HybridAttentionNeedsTheHybridSplitOfTheMesh) {
@@ -105,7 +105,7 @@ TEST(DistContext, HybridAttentionNeedsTheHybridSplitOfTheMesh) {
   std::vector<std::string> messages(world);
   auto errors = run_context_ranks(world, [&](int rank, parallel::Runtime& runtime) {
     try {
-      parallel::context_attention("hybrid", runtime, reference_attention);
+      parallel::context_attention(parallel::ContextAttention::Hybrid, runtime, reference_attention);
     } catch (const std::exception& e) {
       messages[rank] = e.what();
     }

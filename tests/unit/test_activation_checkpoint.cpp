@@ -41,7 +41,7 @@ TEST(ActivationCheckpoint, RecomputedBlocksGiveTheStoredBlocksGradients) {
   models::DiT plain = make_model(), recomputed = make_model();
   int64_t checkpointed = 0;
   recomputed->unit_runner = [&](int64_t i, const models::UnitCall& call, const models::Tensors& inputs) {
-    if (!parallel::checkpoint_block("full", 2, i)) return call(inputs);  // blocks 0 and 2
+    if (!parallel::checkpoint_block(parallel::RecomputePolicy::full, 2, i)) return call(inputs);  // blocks 0 and 2
     ++checkpointed;
     return parallel::checkpointed_call(call, inputs);
   };
@@ -119,7 +119,9 @@ namespace {
 void checkpoint_sublayers(models::DiffusionModel& model, models::Sublayer part, int64_t* count) {
   model.sublayer_runner = [part, count](int64_t i, models::Sublayer p, const models::UnitCall& call,
                                         const models::Tensors& inputs) {
-    if (!parallel::checkpoint_sublayer(part == models::Sublayer::Attention ? "attention" : "mlp", 1, i, p))
+    if (!parallel::checkpoint_sublayer(part == models::Sublayer::Attention ? parallel::RecomputePolicy::attention
+                                                                       : parallel::RecomputePolicy::mlp,
+                                       1, i, p))
       return call(inputs);
     ++*count;
     return parallel::checkpointed_call(call, inputs);
@@ -191,15 +193,15 @@ TEST(ActivationCheckpoint, SelectiveRecomputeOfAttentionOrMlpGivesTheStoredGradi
 }
 
 TEST(ActivationCheckpoint, BlockSelection) {
-  EXPECT_FALSE(parallel::checkpoint_block("none", 1, 0));
-  EXPECT_TRUE(parallel::checkpoint_block("full", 1, 3));
-  EXPECT_TRUE(parallel::checkpoint_block("full", 3, 6));
-  EXPECT_FALSE(parallel::checkpoint_block("full", 3, 7));
-  EXPECT_FALSE(parallel::checkpoint_block("attention", 1, 0));  // selective: no whole block
+  EXPECT_FALSE(parallel::checkpoint_block(parallel::RecomputePolicy::none, 1, 0));
+  EXPECT_TRUE(parallel::checkpoint_block(parallel::RecomputePolicy::full, 1, 3));
+  EXPECT_TRUE(parallel::checkpoint_block(parallel::RecomputePolicy::full, 3, 6));
+  EXPECT_FALSE(parallel::checkpoint_block(parallel::RecomputePolicy::full, 3, 7));
+  EXPECT_FALSE(parallel::checkpoint_block(parallel::RecomputePolicy::attention, 1, 0));  // selective: no whole block
   using models::Sublayer;
-  EXPECT_TRUE(parallel::checkpoint_sublayer("attention", 1, 2, Sublayer::Attention));
-  EXPECT_FALSE(parallel::checkpoint_sublayer("attention", 1, 2, Sublayer::Mlp));
-  EXPECT_TRUE(parallel::checkpoint_sublayer("mlp", 2, 4, Sublayer::Mlp));
-  EXPECT_FALSE(parallel::checkpoint_sublayer("mlp", 2, 5, Sublayer::Mlp));
-  EXPECT_FALSE(parallel::checkpoint_sublayer("full", 1, 0, Sublayer::Attention));  // full: the block runner's job
+  EXPECT_TRUE(parallel::checkpoint_sublayer(parallel::RecomputePolicy::attention, 1, 2, Sublayer::Attention));
+  EXPECT_FALSE(parallel::checkpoint_sublayer(parallel::RecomputePolicy::attention, 1, 2, Sublayer::Mlp));
+  EXPECT_TRUE(parallel::checkpoint_sublayer(parallel::RecomputePolicy::mlp, 2, 4, Sublayer::Mlp));
+  EXPECT_FALSE(parallel::checkpoint_sublayer(parallel::RecomputePolicy::mlp, 2, 5, Sublayer::Mlp));
+  EXPECT_FALSE(parallel::checkpoint_sublayer(parallel::RecomputePolicy::full, 1, 0, Sublayer::Attention));  // full: the block runner's job
 }

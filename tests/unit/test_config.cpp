@@ -75,7 +75,7 @@ TEST(ConfigTest, ReadsEveryTypeFromFile) {
       "optim:\n  lr: 3e-4\n  warmup_steps: 100\n"
       "train:\n  steps: 20\n"));
   EXPECT_EQ(c.run.name, "mnist");
-  EXPECT_EQ(c.run.device, "cpu");
+  EXPECT_EQ(c.run.device, DeviceChoice::cpu);
   EXPECT_EQ(c.model.size, "tiny");
   EXPECT_TRUE(c.model.learn_sigma);
   EXPECT_EQ(c.model.class_dropout, 0.25);
@@ -286,7 +286,7 @@ TEST(ConfigTest, OverridesSetNumbersBoolsAndStrings) {
   EXPECT_TRUE(c.model.learn_sigma);
   EXPECT_EQ(c.run.name, "sweep-7");
   EXPECT_EQ(c.train.steps, 42);
-  EXPECT_EQ(c.flow.timesteps, "uniform");
+  EXPECT_EQ(c.flow.timesteps, models::TimestepDistribution::Uniform);
   EXPECT_EQ(c.run.out_dir, "runs/with space");
 }
 
@@ -328,7 +328,7 @@ TEST(ConfigTest, MalformedOverride) {
 // but did not read back) shows up as a difference.
 Config everything_changed() {
   Config c;
-  c.run = {"r2", "/tmp/out dir", 7, "cpu"};
+  c.run = {"r2", "/tmp/out dir", 7, DeviceChoice::cpu};
   c.model.size = "tiny";
   c.model.hidden = 256;
   c.model.depth = 3;
@@ -352,19 +352,23 @@ Config everything_changed() {
   c.model.text_encoder_layers = 3;
   c.model.text_encoder_heads = 2;
   c.model.vocab_size = 512;
-  c.flow = {"uniform", -0.3, 0.7, 3.0, true};
-  c.data = {"synthetic", "", 96, 0, 2, {"/d/a-{0..3}.tar", "pipe:cat /d/b.tar"}, "/d/list.txt", "/d/index.json",
-            8, "latent", {"56x56", "48x64"}, 16, 4.0, 64, "fail", 0.25, true, {"7", "9-11"}, 2, 5.5};
-  c.optim = {3e-4, 0.8, 0.95, 1e-6, 0.01, 50, "cosine", 0.1, 0.0};
-  c.train = {12345, 3, "bf16", 0.999, false, 5, 2, false, "full", 2, false, "/tmp/init.safetensors"};
-  c.fp8 = {"rowwise_gw_hp", true, {"blocks.*", "x.*"}, {"*.fc2"}, 64, 32, "most_recent", true};
-  c.sample = {0, 16, 20, "heun", 4.0, 99};
-  c.checkpoint = {100, 0, "never", /*async=*/false, "warn"};
-  c.eval = {250, 500, 10, "euler", 2.0, 7, "/tmp/classifiers"};
+  c.flow = {models::TimestepDistribution::Uniform, -0.3, 0.7, 3.0, true};
+  c.data = {DataSource::synthetic, "", 96, 0, 2, {"/d/a-{0..3}.tar", "pipe:cat /d/b.tar"}, "/d/list.txt", "/d/index.json",
+            8, ImageMember::latent, {"56x56", "48x64"}, 16, 4.0, 64, DamagePolicy::fail, 0.25, true, {"7", "9-11"}, 2, 5.5};
+  c.optim = {3e-4, 0.8, 0.95, 1e-6, 0.01, 50, ScheduleKind::cosine, 0.1, 0.0};
+  c.train = {12345, 3, Precision::bf16, 0.999, false, 5, 2, false, parallel::RecomputePolicy::full, 2, false,
+             "/tmp/init.safetensors"};
+  c.fp8 = {models::fp8::Recipe::rowwise_gw_hp, true, {"blocks.*", "x.*"}, {"*.fc2"}, 64, 32,
+           models::fp8::AmaxReduce::most_recent, true};
+  c.sample = {0, 16, 20, models::SamplerKind::Heun, 4.0, 99};
+  c.checkpoint = {100, 0, "never", /*async=*/false, SaveFailurePolicy::warn};
+  c.eval = {250, 500, 10, models::SamplerKind::Euler, 2.0, 7, "/tmp/classifiers"};
   c.profile = {true, 4, 2, true, true};
-  c.parallel = {2, 4, 4, "hybrid", 2, "on", false, false, "bf16", true, "gloo", 30.5};
-  c.health = {"rollback", 3, "skip", 5.0, 3.0, 50, 20, 2.0, 100, 500, 0.5, 2, 25};
-  c.debug = {true, 7, 1, "blocks.0.mlp.fc1.weight", 9, 4.0, 1, 0.5, 0.25, 3, 1.5, "no_context_sum", "10:5:torn"};
+  c.parallel = {2, 4, 4, CpAttentionChoice::hybrid, 2, FsdpChoice::on, false, false, Precision::bf16, true,
+                BackendChoice::gloo, 30.5};
+  c.health = {NonfinitePolicy::rollback, 3, SpikePolicy::skip, 5.0, 3.0, 50, 20, 2.0, 100, 500, 0.5, 2, 25};
+  c.debug = {true, 7, 1, "blocks.0.mlp.fc1.weight", 9, 4.0, 1, 0.5, 0.25, 3, 1.5, parallel::ReductionFault::NoContextSum,
+             "10:5:torn"};
   return c;
 }
 
@@ -507,14 +511,15 @@ TEST(ConfigValidateTest, ResumeMustBeAutoNeverOrAPath) {
 
 TEST(ConfigValidateTest, ChoicesAreCheckedForConfigsBuiltInCode) {
   Config c;
-  c.run.device = "tpu";
-  EXPECT_EQ(validate_error(c), "'run.device' must be one of auto|cpu|cuda, got 'tpu'");
+  // A word key is an enum: only a cast can put another value there, and the check names it.
+  c.run.device = static_cast<DeviceChoice>(7);
+  EXPECT_EQ(validate_error(c), "'run.device' must be one of auto|cpu|cuda, got enumerator 7");
   c = Config{};
   c.model.arch = "unet";
   EXPECT_EQ(validate_error(c), "'model.arch' must be one of dit|flux, got 'unet'");
   c = Config{};
-  c.data.source = "imagenet";
-  EXPECT_EQ(validate_error(c), "'data.source' must be one of fashion_mnist|compositions|synthetic|shards, got 'imagenet'");
+  c.data.source = static_cast<DataSource>(4);
+  EXPECT_EQ(validate_error(c), "'data.source' must be one of fashion_mnist|compositions|synthetic|shards, got enumerator 4");
   c = Config{};
   c.model.size = "M";
   EXPECT_EQ(validate_error(c), "'model.size' must be one of tiny|S|B|L|XL|flux-dev|flux-schnell|flux-small|flux-tiny, got 'M'");
@@ -537,7 +542,7 @@ TEST(ConfigTest, ContextParallelAttentionFollowsTheModelsTokensAndHeads) {
   auto kind = [](std::vector<std::string> sets) {
     sets.insert(sets.end(), {"model.size=tiny", "model.heads=2", "model.image_size=32", "model.patch=2"});
     const Config c = parse_config("", "cfg.yaml", sets);
-    return context_attention_kind(c, *build_model(c.model));
+    return std::string(parallel::name(context_attention_kind(c, *build_model(c.model))));
   };
   EXPECT_EQ(kind({"parallel.cp=2"}), "ulysses");  // 2 heads split over 2
   EXPECT_EQ(kind({"parallel.cp=4"}), "ring");     // …but not over 4
@@ -645,7 +650,7 @@ TEST(ConfigTest, EveryShippedConfigLoadsAndValidates) {
       SCOPED_TRACE(entry.path().string());
       flowtrain::trainer::Config c;
       EXPECT_NO_THROW(c = flowtrain::trainer::load_config(entry.path().string()));
-      if (c.model.frames > 1 && c.data.source == "shards") {
+      if (c.model.frames > 1 && c.data.source == DataSource::shards) {
         EXPECT_EQ(c.data.video_frames, c.model.frames);
       }
       ++checked;

@@ -164,7 +164,7 @@ TEST(Fp8, UnderBf16AutocastTheOutputIsBf16LikeAtLinear) {
 
 TEST(Fp8, DelayedScalingStartsDynamicThenUsesTheCommittedHistory) {
   const at::Tensor x = with_outliers({16, 32}, 11), w = at::randn({16, 32}), b = at::zeros({16}), dy = at::randn({16, 16});
-  Fp8Linear delayed(Recipe::delayed, true, {/*history_len=*/2, "max"});
+  Fp8Linear delayed(Recipe::delayed, true, {/*history_len=*/2, AmaxReduce::max});
   Fp8Linear tensorwise(Recipe::tensorwise, true);
   // Step 1: no history yet, so the scales are the current amaxes: exactly tensorwise.
   const LinearResult first = run_linear(&delayed, x, w, b, dy);
@@ -194,7 +194,7 @@ TEST(Fp8, DelayedScalingStartsDynamicThenUsesTheCommittedHistory) {
 }
 
 TEST(Fp8, DelayedScalingSaturatesWhenTheHistoryUnderestimates) {
-  Fp8Linear delayed(Recipe::delayed, true, {1, "most_recent"});
+  Fp8Linear delayed(Recipe::delayed, true, {1, AmaxReduce::most_recent});
   const at::Tensor w = at::randn({8, 32}), b = at::zeros({8});
   run_linear(&delayed, at::randn({4, 32}) * 0.01, w, b, at::randn({4, 8}));  // a quiet step
   Fp8Conversion conversion;
@@ -211,7 +211,7 @@ TEST(Fp8, DelayedScalingFallsBackToTheOperandsAmaxWhereTheHistorySawZerosAndNoGr
   // then be scaled by its own amax (exactly tensorwise's), not by 57344/1e-12, which would clip
   // every element to ±57344 and turn ∂W into sign noise.
   const at::Tensor x = with_outliers({16, 32}, 5), w = at::randn({8, 32}), b = at::zeros({8}), dy = at::randn({16, 8});
-  Fp8Linear delayed(Recipe::delayed, true, {/*history_len=*/4, "max"});
+  Fp8Linear delayed(Recipe::delayed, true, {/*history_len=*/4, AmaxReduce::max});
   Fp8Conversion conversion;
   conversion.layers.push_back(std::shared_ptr<Fp8Linear>(&delayed, [](Fp8Linear*) {}));
   run_linear(&delayed, x, w, b, at::zeros({16, 8}));
@@ -234,7 +234,7 @@ TEST(Fp8, DelayedScalingFallsBackToTheOperandsAmaxWhereTheHistorySawZerosAndNoGr
 
 TEST(Fp8, AmaxHistoriesRoundTripThroughTheirCheckpointStateAndSkippedStepsLeaveNoTrace) {
   const at::Tensor w = at::randn({8, 32}), b = at::zeros({8}), dy = at::randn({4, 8});
-  auto make = [](int64_t len) { return std::make_shared<Fp8Linear>(Recipe::delayed, true, DelayedOptions{len, "max"}); };
+  auto make = [](int64_t len) { return std::make_shared<Fp8Linear>(Recipe::delayed, true, DelayedOptions{len, AmaxReduce::max}); };
   Fp8Conversion trained;
   trained.layers = {make(4)};
   trained.converted = {"blocks.0.mlp.fc1"};

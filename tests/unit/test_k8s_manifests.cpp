@@ -217,7 +217,7 @@ TEST(K8sManifests, ConfigMapTrainingConfigLoadsAndFitsTheWorld) {
   const std::string text = configmap["data"]["config.yaml"].as<std::string>();
   flowtrain::trainer::Config cfg;
   ASSERT_NO_THROW(cfg = flowtrain::trainer::parse_config(text, "configmap")) << text;
-  EXPECT_EQ(cfg.run.device, "cuda");
+  EXPECT_EQ(cfg.run.device, flowtrain::trainer::DeviceChoice::cuda);
   EXPECT_EQ(cfg.checkpoint.resume, "auto") << "restarted pods must continue from the newest checkpoint";
   EXPECT_GT(cfg.checkpoint.every, 0) << "an eviction would lose the whole run so far";
 

@@ -83,13 +83,13 @@ TEST(AdamW, SkipsFixedParametersAndParamsWithoutGrad) {
 }
 
 TEST(LrSchedule, WarmupThenCosineToFloor) {
-  LrSchedule s{1.0, 10, "cosine", 110, 0.1};
+  LrSchedule s{1.0, 10, ScheduleKind::cosine, 110, 0.1};
   EXPECT_DOUBLE_EQ(s.lr_at(0), 0.1);
   EXPECT_DOUBLE_EQ(s.lr_at(9), 1.0);
   EXPECT_DOUBLE_EQ(s.lr_at(10), 1.0);
   EXPECT_NEAR(s.lr_at(60), 0.1 + 0.45, 1e-12);  // half way: floor + half the span
   EXPECT_NEAR(s.lr_at(110), 0.1, 1e-12);
-  LrSchedule c{2.0, 0, "constant", 100, 0.0};
+  LrSchedule c{2.0, 0, ScheduleKind::constant, 100, 0.0};
   EXPECT_DOUBLE_EQ(c.lr_at(0), 2.0);
   EXPECT_DOUBLE_EQ(c.lr_at(99), 2.0);
 }

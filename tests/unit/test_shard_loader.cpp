@@ -60,7 +60,7 @@ ShardLoaderOptions options_for(const std::vector<std::string>& entries, int64_t 
   o.workers = 2;
   o.prefetch = 2;
   o.seed = 3;
-  o.spec.image = "image";
+  o.spec.image = ImageKind::Image;
   o.spec.channels = 1;
   o.spec.label = true;
   o.spec.num_classes = 10;
@@ -311,7 +311,7 @@ TEST(ShardLoader, LatentMembersTrainAsInputsAndABadOneIsDamage) {
   o.streams = 1;
   o.global_batch = 12;
   o.workers = 1;
-  o.spec.image = "latent";
+  o.spec.image = ImageKind::Latent;
   o.spec.label = true;
   o.spec.num_classes = 10;
   o.max_skip_fraction = 0.5;

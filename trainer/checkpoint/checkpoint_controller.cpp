@@ -83,7 +83,7 @@ void CheckpointController::report(const std::vector<SaveOutcome>& outcomes) {
       ++failures_;
       last_failed_step_ = o.step;
       last_error_ = o.error;
-      if (config_.checkpoint.on_error == "warn") {
+      if (config_.checkpoint.on_error == SaveFailurePolicy::warn) {
         spdlog::warn("{} — training goes on (checkpoint.on_error: warn; {} failed save(s) so far); the next save "
                      "is at the next interval",
                      o.error, failures_);

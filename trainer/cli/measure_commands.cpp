@@ -55,7 +55,7 @@ int cmd_numerics(const ConfigArgs& args, NumericsArgs a) {
 
 int cmd_bench(const ConfigArgs& args, const trainer::BenchOptions& options, const std::string& json_path) {
   trainer::Config c = args.load();
-  if (options.synthetic) c.data.source = "synthetic";
+  if (options.synthetic) c.data.source = trainer::DataSource::synthetic;
   trainer::setup_logging("");
   if (!options.parity_dump.empty()) {
     trainer::configure_threads(c.train);

@@ -112,14 +112,14 @@ int cmd_sample(const ConfigArgs& args, SampleArgs a) {
       data::write_png((std::filesystem::path(dir) / fmt::format("{:05d}.png", i)).string(),
                       images.size(1) == 1 ? images[i][0] : images[i].permute({1, 2, 0}).contiguous());
     spdlog::info("wrote {} PNGs to {} ({} prompts × {}, {} weights at step {}, {} {} steps, cfg {}, seed {})", num, dir,
-                 prompts.size(), a.per_prompt, loaded.ema ? "EMA" : "raw", loaded.step, c.sample.sampler,
+                 prompts.size(), a.per_prompt, loaded.ema ? "EMA" : "raw", loaded.step, trainer::name_of(c.sample.sampler),
                  c.sample.steps, c.sample.cfg_scale, c.sample.seed);
     return 0;
   }
   const std::string out = a.out.empty() ? "grid.png" : a.out;
   trainer::write_sample_grid(out, samples, columns, trainer::sample_video_fps(c));
   spdlog::info("wrote {} ({} samples from {} weights at step {}, {} {} steps, cfg {})", out, num,
-               loaded.ema ? "EMA" : "raw", loaded.step, c.sample.sampler, c.sample.steps, c.sample.cfg_scale);
+               loaded.ema ? "EMA" : "raw", loaded.step, trainer::name_of(c.sample.sampler), c.sample.steps, c.sample.cfg_scale);
   return 0;
 }
 

@@ -30,6 +30,38 @@
 // shadow the system library's on the include path, and this file does not need either.
 
 namespace flowtrain::trainer {
+
+// The words of each enum key, in enumerator order (config.h).
+#define FLOWTRAIN_ENUM_WORDS(E, ...)                               \
+  template <>                                                      \
+  const std::vector<std::string>& enum_words<E>() {                \
+    static const std::vector<std::string> words = {__VA_ARGS__};   \
+    return words;                                                  \
+  }
+FLOWTRAIN_ENUM_WORDS(DeviceChoice, "auto", "cpu", "cuda")
+FLOWTRAIN_ENUM_WORDS(DataSource, "fashion_mnist", "compositions", "synthetic", "shards")
+FLOWTRAIN_ENUM_WORDS(ImageMember, "image", "latent")
+FLOWTRAIN_ENUM_WORDS(DamagePolicy, "skip", "fail")
+FLOWTRAIN_ENUM_WORDS(ScheduleKind, "constant", "cosine")
+FLOWTRAIN_ENUM_WORDS(Precision, "fp32", "bf16")
+FLOWTRAIN_ENUM_WORDS(SaveFailurePolicy, "stop", "warn")
+FLOWTRAIN_ENUM_WORDS(CpAttentionChoice, "auto", "ulysses", "ring", "hybrid")
+FLOWTRAIN_ENUM_WORDS(FsdpChoice, "auto", "on")
+FLOWTRAIN_ENUM_WORDS(BackendChoice, "auto", "nccl", "gloo")
+FLOWTRAIN_ENUM_WORDS(NonfinitePolicy, "stop", "skip", "rollback")
+FLOWTRAIN_ENUM_WORDS(SpikePolicy, "off", "warn", "skip", "rollback")
+FLOWTRAIN_ENUM_WORDS(models::TimestepDistribution, "uniform", "logit_normal")
+FLOWTRAIN_ENUM_WORDS(models::SamplerKind, "euler", "heun")
+FLOWTRAIN_ENUM_WORDS(models::fp8::AmaxReduce, "max", "most_recent")
+FLOWTRAIN_ENUM_WORDS(parallel::RecomputePolicy, "none", "full", "attention", "mlp")
+FLOWTRAIN_ENUM_WORDS(parallel::ReductionFault, "none", "sum_over_shard_group", "no_context_sum", "sum_over_replicas")
+#undef FLOWTRAIN_ENUM_WORDS
+template <>
+const std::vector<std::string>& enum_words<models::fp8::Recipe>() {
+  static const std::vector<std::string> words = models::fp8::recipe_names();  // the recipe's own names
+  return words;
+}
+
 namespace {
 
 // ---------------------------------------------------------------------------------------------
@@ -150,7 +182,22 @@ Allowed non_empty() {
 // The schema.
 
 using StringList = std::vector<std::string>;
-using Ref = std::variant<int64_t*, double*, bool*, std::string*, StringList*>;
+// An enum member seen through its words (config.h enum_words): read and written as an index.
+struct EnumRef {
+  const std::vector<std::string>* words = nullptr;
+  std::function<size_t()> get;
+  std::function<void(size_t)> set;
+  const std::string& word() const { return words->at(get()); }
+};
+using Ref = std::variant<int64_t*, double*, bool*, std::string*, StringList*, EnumRef>;
+
+// One visitor from several lambdas: the Ref kinds that are pointers, and EnumRef.
+template <class... Fs>
+struct Overloaded : Fs... {
+  using Fs::operator()...;
+};
+template <class... Fs>
+Overloaded(Fs...) -> Overloaded<Fs...>;
 
 struct Field {
   std::string section;
@@ -190,6 +237,18 @@ struct SectionBuilder {
         Field{section.name, name, std::move(allowed), help, [sec, field](Config& c) -> Ref { return &(c.*sec.*field); }});
     return *this;
   }
+
+  // A key of fixed words: the enum's (enum_words), parsed here once.
+  template <class E, std::enable_if_t<std::is_enum_v<E>, int> = 0>
+  SectionBuilder& add(const char* name, E S::*field, const char* help) {
+    auto sec = member;
+    section.fields.push_back(Field{section.name, name, one_of(enum_words<E>()), help, [sec, field](Config& c) -> Ref {
+                                     E* value = &(c.*sec.*field);
+                                     return EnumRef{&enum_words<E>(), [value] { return static_cast<size_t>(*value); },
+                                                    [value](size_t i) { *value = static_cast<E>(i); }};
+                                   }});
+    return *this;
+  }
 };
 
 template <class S>
@@ -204,7 +263,7 @@ std::vector<Section> build_schema() {
                   .add("name", &RunConfig::name, non_empty(), "run name, shown in logs")
                   .add("out_dir", &RunConfig::out_dir, non_empty(), "checkpoints, samples and logs go here")
                   .add("seed", &RunConfig::seed, at_least(0), "seed for init, noise and data order")
-                  .add("device", &RunConfig::device, one_of({"auto", "cpu", "cuda"}),
+                  .add("device", &RunConfig::device,
                        "auto = cuda when a GPU is present")
                   .section);
 
@@ -246,7 +305,7 @@ std::vector<Section> build_schema() {
                   .section);
 
   s.push_back(section("flow", &Config::flow)
-                  .add("timesteps", &FlowConfig::timesteps, one_of({"uniform", "logit_normal"}),
+                  .add("timesteps", &FlowConfig::timesteps,
                        "training timestep distribution")
                   .add("logit_mean", &FlowConfig::logit_mean, any(), "logit_normal mean")
                   .add("logit_std", &FlowConfig::logit_std, above(0), "logit_normal std")
@@ -257,7 +316,7 @@ std::vector<Section> build_schema() {
                   .section);
 
   s.push_back(section("data", &Config::data)
-                  .add("source", &DataConfig::source, one_of({"fashion_mnist", "compositions", "synthetic", "shards"}),
+                  .add("source", &DataConfig::source,
                        "dataset kind (compositions: `flowtrain data make-compositions`; shards: WebDataset tars, "
                        "`flowtrain data pack`)")
                   .add("path", &DataConfig::path, any(), "dataset directory")
@@ -274,7 +333,7 @@ std::vector<Section> build_schema() {
                   .add("streams", &DataConfig::streams, at_least(0),
                        "shards: canonical streams the shards are dealt to, fixed for a run; >= ranks x workers; 0 = "
                        "auto (min(shards, 4 x ranks x workers))")
-                  .add("image_member", &DataConfig::image_member, one_of({"image", "latent"}),
+                  .add("image_member", &DataConfig::image_member,
                        "shards: the model's input: a decoded .png/.jpg, or .latent.safetensors (tensor 'latent')")
                   .add("buckets", &DataConfig::buckets, any(),
                        "shards: aspect-ratio buckets as HxW (pixels, or latent cells), e.g. [56x56, 48x64, 64x48]; "
@@ -284,7 +343,7 @@ std::vector<Section> build_schema() {
                   .add("video.fps", &DataConfig::video_fps, at_least(0),
                        "shards: clip frame rate: every round(source fps / this)-th frame (0: every frame)")
                   .add("shuffle_buffer", &DataConfig::shuffle_buffer, at_least(1), "shards: samples per stream's shuffle buffer")
-                  .add("on_error", &DataConfig::on_error, one_of({"skip", "fail"}),
+                  .add("on_error", &DataConfig::on_error,
                        "shards: a damaged sample is skipped and counted, or stops the run")
                   .add("max_skip_fraction", &DataConfig::max_skip_fraction, range("[]", 0, 1),
                        "shards: stop when more than this fraction of samples was damaged")
@@ -304,7 +363,7 @@ std::vector<Section> build_schema() {
                   .add("eps", &OptimConfig::eps, above(0), "AdamW epsilon")
                   .add("weight_decay", &OptimConfig::weight_decay, at_least(0), "decoupled weight decay")
                   .add("warmup_steps", &OptimConfig::warmup_steps, at_least(0), "linear warmup steps")
-                  .add("schedule", &OptimConfig::schedule, one_of({"constant", "cosine"}), "lr schedule after warmup")
+                  .add("schedule", &OptimConfig::schedule, "lr schedule after warmup")
                   .add("min_lr_ratio", &OptimConfig::min_lr_ratio, range("[]", 0, 1), "cosine decays to lr*min_lr_ratio")
                   .add("grad_clip", &OptimConfig::grad_clip, at_least(0), "global-norm clip; 0 = off")
                   .section);
@@ -312,7 +371,7 @@ std::vector<Section> build_schema() {
   s.push_back(section("train", &Config::train)
                   .add("steps", &TrainConfig::steps, at_least(1), "optimizer steps")
                   .add("grad_accum", &TrainConfig::grad_accum, at_least(1), "micro-batches per step")
-                  .add("precision", &TrainConfig::precision, one_of({"fp32", "bf16"}),
+                  .add("precision", &TrainConfig::precision,
                        "bf16 = autocast, fp32 master weights")
                   .add("ema_decay", &TrainConfig::ema_decay, range("[)", 0, 1), "0 = no EMA")
                   .add("ema_warmup", &TrainConfig::ema_warmup, any(), "decay min(ema_decay, (1+n)/(10+n)) at step n")
@@ -320,7 +379,6 @@ std::vector<Section> build_schema() {
                   .add("threads", &TrainConfig::threads, at_least(0), "intra-op CPU threads; 0 = all cores")
                   .add("tensorboard", &TrainConfig::tensorboard, any(), "also write TensorBoard events to tb/")
                   .add("activation_checkpointing", &TrainConfig::activation_checkpointing,
-                       one_of({"none", "full", "attention", "mlp"}),
                        "full = recompute block activations in backward (less memory, ~1/3 more compute); "
                        "attention | mlp = recompute only that sublayer of each block")
                   .add("activation_checkpointing_every", &TrainConfig::activation_checkpointing_every, at_least(1),
@@ -333,7 +391,6 @@ std::vector<Section> build_schema() {
 
   s.push_back(section("fp8", &Config::fp8)
                   .add("recipe", &Fp8Config::recipe,
-                       one_of(models::fp8::recipe_names()),
                        "fp8 GEMMs for the chosen linears: tensorwise (dynamic per-tensor scales, grads e5m2), rowwise "
                        "(per-row power-of-two scales), rowwise_gw_hp (weight grad in bf16), delayed (scales from an "
                        "amax history), mxfp8 (1x32 blocks, e8m0 scales, OCP's floor exponent), mxfp8_rceil (mxfp8 with "
@@ -346,7 +403,7 @@ std::vector<Section> build_schema() {
                   .add("exclude", &Fp8Config::exclude, any(), "module-name globs kept in high precision")
                   .add("min_dim", &Fp8Config::min_dim, at_least(1), "linears with fewer in or out features stay high precision")
                   .add("amax_history_len", &Fp8Config::amax_history_len, at_least(1), "delayed: steps of amax history")
-                  .add("amax_reduce", &Fp8Config::amax_reduce, one_of({"max", "most_recent"}),
+                  .add("amax_reduce", &Fp8Config::amax_reduce,
                        "delayed: the history's max, or its newest entry")
                   .add("all_gather", &Fp8Config::all_gather, any(),
                        "tensorwise under FSDP: all-gather the converted weights as e4m3 bytes with one scale each "
@@ -357,7 +414,7 @@ std::vector<Section> build_schema() {
                   .add("every", &SampleConfig::every, at_least(0), "steps between sample grids; 0 = off")
                   .add("num", &SampleConfig::num, at_least(1), "images per grid")
                   .add("steps", &SampleConfig::steps, at_least(1), "ODE solver steps")
-                  .add("sampler", &SampleConfig::sampler, one_of({"euler", "heun"}), "ODE solver")
+                  .add("sampler", &SampleConfig::sampler, "ODE solver")
                   .add("cfg_scale", &SampleConfig::cfg_scale, at_least(0), "classifier-free guidance; 1 = none")
                   .add("seed", &SampleConfig::seed, at_least(0), "sampling noise seed")
                   .section);
@@ -368,7 +425,7 @@ std::vector<Section> build_schema() {
                   .add("resume", &CheckpointConfig::resume, non_empty(), "auto | never | checkpoint directory")
                   .add("async", &CheckpointConfig::async, any(),
                        "persist in the background; training waits only for the copy to host buffers")
-                  .add("on_error", &CheckpointConfig::on_error, one_of({"stop", "warn"}),
+                  .add("on_error", &CheckpointConfig::on_error,
                        "a failed save: stop training, or warn and retry at the next interval")
                   .section);
 
@@ -376,7 +433,7 @@ std::vector<Section> build_schema() {
                   .add("every", &EvalConfig::every, at_least(0), "steps between quality evaluations; 0 = off")
                   .add("num", &EvalConfig::num, at_least(2), "generated samples per evaluation")
                   .add("steps", &EvalConfig::steps, at_least(1), "ODE solver steps")
-                  .add("sampler", &EvalConfig::sampler, one_of({"euler", "heun"}), "ODE solver")
+                  .add("sampler", &EvalConfig::sampler, "ODE solver")
                   .add("cfg_scale", &EvalConfig::cfg_scale, at_least(0), "classifier-free guidance; 1 = none")
                   .add("seed", &EvalConfig::seed, at_least(0), "sampling noise seed")
                   .add("classifier_dir", &EvalConfig::classifier_dir, any(),
@@ -396,32 +453,32 @@ std::vector<Section> build_schema() {
                   .add("dp_shard", &ParallelConfig::dp_shard, at_least(-1),
                        "ranks sharing one copy of the weights; -1 = the rest of the world")
                   .add("cp", &ParallelConfig::cp, at_least(1), "context-parallel ranks (sequence split)")
-                  .add("cp_attention", &ParallelConfig::cp_attention, one_of({"auto", "ulysses", "ring", "hybrid"}),
+                  .add("cp_attention", &ParallelConfig::cp_attention,
                        "with cp > 1: auto = ulysses when heads % cp == 0, else ring; hybrid = Ulysses inside "
                        "groups of cp_ulysses ranks, ring across them")
                   .add("cp_ulysses", &ParallelConfig::cp_ulysses, at_least(1),
                        "with cp_attention hybrid: the Ulysses degree (divides cp; ring degree = cp / cp_ulysses)")
-                  .add("fsdp", &ParallelConfig::fsdp, one_of({"auto", "on"}),
+                  .add("fsdp", &ParallelConfig::fsdp,
                        "auto = shard when world > 1; on = also at world 1")
                   .add("reshard_after_forward", &ParallelConfig::reshard_after_forward, any(),
                        "free gathered weights after forward, re-gather in backward")
                   .add("prefetch", &ParallelConfig::prefetch, any(), "gather the next unit while one computes")
-                  .add("reduce_dtype", &ParallelConfig::reduce_dtype, one_of({"fp32", "bf16"}),
+                  .add("reduce_dtype", &ParallelConfig::reduce_dtype,
                        "gradient reduce-scatter precision")
                   .add("reduce_every_micro_batch", &ParallelConfig::reduce_every_micro_batch, any(),
                        "with grad_accum > 1: reduce each micro-batch (less memory) or only the last")
-                  .add("backend", &ParallelConfig::backend, one_of({"auto", "nccl", "gloo"}),
+                  .add("backend", &ParallelConfig::backend,
                        "auto = nccl on cuda, gloo on cpu")
                   .add("timeout_s", &ParallelConfig::timeout_s, above(0),
                        "rendezvous/collective timeout; a dead peer ends the job by then")
                   .section);
 
   s.push_back(section("health", &Config::health)
-                  .add("nonfinite", &HealthConfig::nonfinite, one_of({"stop", "skip", "rollback"}),
+                  .add("nonfinite", &HealthConfig::nonfinite,
                        "a non-finite loss or gradient: stop (exit 1), skip the update, or roll back to the last "
                        "checkpoint and continue past the batch")
                   .add("max_skips", &HealthConfig::max_skips, at_least(0), "skipped updates allowed in a run, then stop")
-                  .add("spike", &HealthConfig::spike, one_of({"off", "warn", "skip", "rollback"}),
+                  .add("spike", &HealthConfig::spike,
                        "a loss spike: warn, skip the update, or roll back past the batch")
                   .add("spike_threshold", &HealthConfig::spike_threshold, above(0),
                        "robust z-score (loss - median) / (1.4826 MAD) over the window that makes a spike")
@@ -464,7 +521,6 @@ std::vector<Section> build_schema() {
                   .add("inject.leak_mib_per_step", &DebugConfig::leak_mib_per_step, at_least(0),
                        "host memory kept and touched every step (MiB)")
                   .add("inject.reduction", &DebugConfig::reduction,
-                       one_of({"none", "sum_over_shard_group", "no_context_sum", "sum_over_replicas"}),
                        "reduce FSDP gradients wrongly on purpose (tests of the equivalence checks)")
                   .add("inject.checkpoint_pause", &DebugConfig::checkpoint_pause, any(),
                        "STEP:SECONDS[:torn]: pause after the first file of that step's checkpoint (torn: cut it "
@@ -595,7 +651,13 @@ void assign(const Field& f, const YAML::Node& value, Config& config, const std::
   const std::string text = scalar ? value.Scalar() : "";
 
   std::visit(
-      [&](auto* member) {
+      Overloaded{[&](const EnumRef& e) {
+                   if (!scalar) fail(where, key + " must be " + allowed + ", got " + node_kind(value));
+                   const auto it = std::find(e.words->begin(), e.words->end(), text);
+                   if (it == e.words->end()) fail(where, key + " must be " + allowed + ", got '" + text + "'");
+                   e.set(static_cast<size_t>(it - e.words->begin()));
+                 },
+                 [&](auto* member) {
         using T = std::remove_pointer_t<decltype(member)>;
         if constexpr (std::is_same_v<T, int64_t>) {
           auto v = scalar ? parse_int(text) : std::nullopt;
@@ -632,7 +694,7 @@ void assign(const Field& f, const YAML::Node& value, Config& config, const std::
           if (!f.allowed.admits(text)) fail(where, key + " must be " + allowed + ", got '" + text + "'");
           *member = text;
         }
-      },
+      }},
       f.at(config));
 }
 
@@ -757,7 +819,12 @@ void Config::validate() const {
     for (const auto& f : s.fields) {
       const std::string key = "'" + f.dotted() + "'";
       std::visit(
-          [&](auto* member) {
+          Overloaded{[&](const EnumRef& e) {  // only a cast in code can leave the words
+                       if (e.get() >= e.words->size())
+                         throw ConfigError(key + " must be " + f.allowed.describe() + ", got enumerator " +
+                                           std::to_string(e.get()));
+                     },
+                     [&](auto* member) {
             using T = std::remove_cv_t<std::remove_pointer_t<decltype(member)>>;
             if constexpr (std::is_same_v<T, int64_t>) {
               if (!f.allowed.admits(static_cast<double>(*member)))
@@ -773,7 +840,7 @@ void Config::validate() const {
                 if (!f.allowed.admits(item))
                   throw ConfigError(key + " items must be " + f.allowed.describe() + ", got '" + item + "'");
             }
-          },
+          }},
           f.at_const(*this));
     }
   }
@@ -782,18 +849,18 @@ void Config::validate() const {
   check_batch_split(*this, /*data_parallel=*/1);  // the world is not known yet: resolve() checks it there
   if (parallel.dp_shard == 0)
     throw ConfigError("'parallel.dp_shard' must be >= 1 or -1 (the rest of the world), got 0");
-  if (parallel.cp_attention == "hybrid" &&
+  if (parallel.cp_attention == CpAttentionChoice::hybrid &&
       !(parallel.cp_ulysses > 1 && parallel.cp_ulysses < parallel.cp && parallel.cp % parallel.cp_ulysses == 0))
     throw ConfigError("'parallel.cp_attention' hybrid needs 'parallel.cp_ulysses' to be a divisor of 'parallel.cp' " +
                       std::to_string(parallel.cp) + " strictly between 1 and " + std::to_string(parallel.cp) +
                       " (Ulysses inside, ring across), got " + std::to_string(parallel.cp_ulysses));
-  if (parallel.cp_attention != "hybrid" && parallel.cp_ulysses != 1)
+  if (parallel.cp_attention != CpAttentionChoice::hybrid && parallel.cp_ulysses != 1)
     throw ConfigError("'parallel.cp_ulysses' " + std::to_string(parallel.cp_ulysses) +
-                      " applies to 'parallel.cp_attention' hybrid only (it is '" + parallel.cp_attention + "')");
+                      " applies to 'parallel.cp_attention' hybrid only (it is '" + name_of(parallel.cp_attention) + "')");
   parse_batch_ordinals(data.skip_batches, "data.skip_batches");  // throws on a malformed item
   if (!debug.checkpoint_pause.empty()) parse_checkpoint_pause(debug.checkpoint_pause);  // throws when malformed
   const bool injects = debug.nan_grad_step > 0 || debug.spike_step > 0 || debug.slow_seconds > 0 ||
-                       debug.slow_worker_seconds > 0 || debug.leak_mib_per_step > 0 || debug.reduction != "none" ||
+                       debug.slow_worker_seconds > 0 || debug.leak_mib_per_step > 0 || debug.reduction != parallel::ReductionFault::None ||
                        !debug.checkpoint_pause.empty();
   if (injects && !debug.allow_inject)
     throw ConfigError("'debug.inject.*' faults are set but 'debug.allow_inject' is false: fault injection is for tests "
@@ -815,10 +882,11 @@ std::vector<std::string> diff_keys(const Config& a, const Config& b) {
   for (const auto& s : schema()) {
     for (const auto& f : s.fields) {
       const bool same = std::visit(
-          [&](auto* pa) {
-            using P = decltype(pa);
-            return *pa == *std::get<P>(f.at_const(b));
-          },
+          Overloaded{[&](const EnumRef& ea) { return ea.get() == std::get<EnumRef>(f.at_const(b)).get(); },
+                     [&](auto* pa) {
+                       using P = decltype(pa);
+                       return *pa == *std::get<P>(f.at_const(b));
+                     }},
           f.at_const(a));
       if (!same) keys.push_back(f.dotted());
     }
@@ -875,7 +943,11 @@ std::string to_yaml(const Config& config) {
       out << YAML::Key << f.name << YAML::Value;
       std::string help = f.help;
       std::visit(
-          [&](auto* member) {
+          Overloaded{[&](const EnumRef& e) {
+                       if (needs_quotes(e.word())) out << YAML::DoubleQuoted;
+                       out << e.word();
+                     },
+                     [&](auto* member) {
             using T = std::remove_cv_t<std::remove_pointer_t<decltype(member)>>;
             if constexpr (std::is_same_v<T, int64_t>) {
               out << format_int(*member);
@@ -894,7 +966,7 @@ std::string to_yaml(const Config& config) {
               if (needs_quotes(*member)) out << YAML::DoubleQuoted;
               out << *member;
             }
-          },
+          }},
           f.at_const(config));
       // hidden/depth/heads stay 0 so the file round-trips field for field; the comment
       // says what they resolve to.

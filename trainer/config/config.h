@@ -8,6 +8,11 @@
 // Nothing is done with a config that did not validate.
 #pragma once
 
+#include "models/flow_kinds.h"
+#include "models/fp8/recipe_kind.h"
+#include "parallel/recompute.h"
+#include "parallel/reduction_fault.h"
+
 #include <cstdint>
 #include <stdexcept>
 #include <string>
@@ -19,11 +24,60 @@ struct ConfigError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// Keys with a fixed set of words are enums: the schema parses the word once (an error lists the
+// choices) and the code compares enumerators. Enumerators are the YAML words, except `auto`, a
+// C++ keyword: `automatic`. Choices that a library takes keep the library's type
+// (models::SamplerKind, models::fp8::Recipe, parallel::RecomputePolicy, …).
+enum class DeviceChoice { automatic, cpu, cuda };                              // run.device
+enum class DataSource { fashion_mnist, compositions, synthetic, shards };     // data.source
+enum class ImageMember { image, latent };                                      // data.image_member
+enum class DamagePolicy { skip, fail };                                        // data.on_error
+enum class ScheduleKind { constant, cosine };                                  // optim.schedule
+enum class Precision { fp32, bf16 };                                           // train.precision, parallel.reduce_dtype
+enum class SaveFailurePolicy { stop, warn };                                   // checkpoint.on_error
+enum class CpAttentionChoice { automatic, ulysses, ring, hybrid };             // parallel.cp_attention
+enum class FsdpChoice { automatic, on };                                       // parallel.fsdp
+enum class BackendChoice { automatic, nccl, gloo };                            // parallel.backend
+enum class NonfinitePolicy { stop, skip, rollback };                           // health.nonfinite
+enum class SpikePolicy { off, warn, skip, rollback };                          // health.spike
+
+// The words of enum E in enumerator order (value i is words[i]); defined for every enum a key takes.
+template <class E>
+const std::vector<std::string>& enum_words();
+#define FLOWTRAIN_DECLARE_ENUM_WORDS(E) \
+  template <>                           \
+  const std::vector<std::string>& enum_words<E>();
+FLOWTRAIN_DECLARE_ENUM_WORDS(DeviceChoice)
+FLOWTRAIN_DECLARE_ENUM_WORDS(DataSource)
+FLOWTRAIN_DECLARE_ENUM_WORDS(ImageMember)
+FLOWTRAIN_DECLARE_ENUM_WORDS(DamagePolicy)
+FLOWTRAIN_DECLARE_ENUM_WORDS(ScheduleKind)
+FLOWTRAIN_DECLARE_ENUM_WORDS(Precision)
+FLOWTRAIN_DECLARE_ENUM_WORDS(SaveFailurePolicy)
+FLOWTRAIN_DECLARE_ENUM_WORDS(CpAttentionChoice)
+FLOWTRAIN_DECLARE_ENUM_WORDS(FsdpChoice)
+FLOWTRAIN_DECLARE_ENUM_WORDS(BackendChoice)
+FLOWTRAIN_DECLARE_ENUM_WORDS(NonfinitePolicy)
+FLOWTRAIN_DECLARE_ENUM_WORDS(SpikePolicy)
+FLOWTRAIN_DECLARE_ENUM_WORDS(models::TimestepDistribution)
+FLOWTRAIN_DECLARE_ENUM_WORDS(models::SamplerKind)
+FLOWTRAIN_DECLARE_ENUM_WORDS(models::fp8::Recipe)
+FLOWTRAIN_DECLARE_ENUM_WORDS(models::fp8::AmaxReduce)
+FLOWTRAIN_DECLARE_ENUM_WORDS(parallel::RecomputePolicy)
+FLOWTRAIN_DECLARE_ENUM_WORDS(parallel::ReductionFault)
+#undef FLOWTRAIN_DECLARE_ENUM_WORDS
+
+// The YAML word of `value` (logs, messages, to_yaml).
+template <class E>
+const std::string& name_of(E value) {
+  return enum_words<E>().at(static_cast<size_t>(value));
+}
+
 struct RunConfig {
   std::string name = "run";
   std::string out_dir = "runs/run";
   int64_t seed = 0;
-  std::string device = "auto";  // auto | cpu | cuda  (auto: cuda when a GPU is present)
+  DeviceChoice device = DeviceChoice::automatic;  // auto: cuda when a GPU is present
 };
 
 struct ModelConfig {
@@ -59,7 +113,7 @@ struct ModelConfig {
 };
 
 struct FlowConfig {
-  std::string timesteps = "logit_normal";  // uniform | logit_normal
+  models::TimestepDistribution timesteps = models::TimestepDistribution::LogitNormal;
   double logit_mean = 0.0;
   double logit_std = 1.0;
   double shift = 1.0;  // resolution shift alpha: t' = a·t / (1 + (a−1)·t); 1 = none
@@ -69,7 +123,7 @@ struct FlowConfig {
 };
 
 struct DataConfig {
-  std::string source = "fashion_mnist";  // fashion_mnist | compositions | synthetic | shards
+  DataSource source = DataSource::fashion_mnist;
   std::string path = "/usr/share/datasets/fashion-mnist";
   int64_t batch_size = 64;  // global batch (all ranks, all micro-batches)
   int64_t workers = 2;      // background threads assembling batches
@@ -79,12 +133,12 @@ struct DataConfig {
   std::string shard_list = "";      // a file of entries, one a line
   std::string shard_index = "";     // sample counts (default: index.json beside local shards)
   int64_t streams = 0;              // canonical streams; 0 = auto
-  std::string image_member = "image";  // image (png/jpg) | latent (.latent.safetensors)
+  ImageMember image_member = ImageMember::image;  // png/jpg, or .latent.safetensors
   std::vector<std::string> buckets;    // aspect-ratio buckets "HxW"; empty: one shape
   int64_t video_frames = 0;            // .mp4 members: frames per clip (0: not video)
   double video_fps = 0;                // clip frame rate (0: the video's own)
   int64_t shuffle_buffer = 256;     // per stream
-  std::string on_error = "skip";    // skip | fail
+  DamagePolicy on_error = DamagePolicy::skip;
   double max_skip_fraction = 0.01;
   bool record_keys = false;
   // Batches of the run's data order to discard, by ordinal (1 = the first batch drawn), "N" or
@@ -101,7 +155,7 @@ struct OptimConfig {
   double eps = 1e-8;
   double weight_decay = 0.0;
   int64_t warmup_steps = 0;
-  std::string schedule = "constant";  // constant | cosine
+  ScheduleKind schedule = ScheduleKind::constant;
   double min_lr_ratio = 0.0;          // cosine decays to lr·min_lr_ratio
   double grad_clip = 1.0;             // global-norm clip; 0 = off
 };
@@ -109,17 +163,17 @@ struct OptimConfig {
 struct TrainConfig {
   int64_t steps = 1000;
   int64_t grad_accum = 1;
-  std::string precision = "fp32";  // fp32 | bf16 (bf16 autocast, fp32 master weights)
+  Precision precision = Precision::fp32;  // bf16: autocast, fp32 master weights
   // The one reading of `precision`: bf16 means the forward runs under bf16 autocast.
-  bool bf16_autocast() const { return precision == "bf16"; }
+  bool bf16_autocast() const { return precision == Precision::bf16; }
   double ema_decay = 0.9999;       // 0 = no EMA (sampling then uses the raw weights)
   bool ema_warmup = true;          // decay_n = min(ema_decay, (1 + n) / (10 + n)) after n steps
   int64_t log_every = 10;
   int64_t threads = 0;             // intra-op CPU threads; 0 = all cores
   bool tensorboard = true;         // also write TensorBoard event files to <out_dir>/tb
-  // none | full | attention | mlp: recompute the selected blocks' activations (full) or one
-  // sublayer's (selective) in backward — memory for compute
-  std::string activation_checkpointing = "none";
+  // Recompute the selected blocks' activations (full) or one sublayer's (attention | mlp,
+  // selective) in backward — memory for compute
+  parallel::RecomputePolicy activation_checkpointing = parallel::RecomputePolicy::none;
   int64_t activation_checkpointing_every = 1;  // every k-th block (1 = all)
   bool tf32 = true;  // CUDA: fp32 matmuls on TF32 tensor cores (PyTorch's "high" matmul precision)
   // Initial weights of a run that starts from scratch: a safetensors file with the reference key
@@ -130,13 +184,13 @@ struct TrainConfig {
 // FP8 compute for the block linears (models/fp8/, docs/fp8.md). Master weights stay fp32 and the
 // checkpoint format does not change; only how the GEMMs of the chosen linears compute.
 struct Fp8Config {
-  std::string recipe = "none";  // none | tensorwise | rowwise | rowwise_gw_hp | delayed | mxfp8 | mxfp8_rceil
+  models::fp8::Recipe recipe = models::fp8::Recipe::none;
   bool emulate = false;         // quantise + dequantise + fp32 GEMM (implied on the CPU)
   std::vector<std::string> include;  // empty = every transformer block of the model (its block units)
   std::vector<std::string> exclude = {"*adaLN_modulation*", "*_mod.*", "*.modulation.*"};
   int64_t min_dim = 16;            // smaller linears stay in high precision
   int64_t amax_history_len = 16;   // delayed: steps of amax history
-  std::string amax_reduce = "max";  // delayed: max | most_recent over the history
+  models::fp8::AmaxReduce amax_reduce = models::fp8::AmaxReduce::max;  // delayed: over the history
   bool all_gather = false;  // FSDP: gather the converted weights as e4m3 with their scale (tensorwise)
 };
 
@@ -144,7 +198,7 @@ struct SampleConfig {
   int64_t every = 500;   // 0 = off
   int64_t num = 100;     // images per grid (rows cycle through the classes)
   int64_t steps = 50;
-  std::string sampler = "euler";  // euler | heun
+  models::SamplerKind sampler = models::SamplerKind::Euler;
   double cfg_scale = 1.5;
   int64_t seed = 0;
 };
@@ -159,7 +213,7 @@ struct CheckpointConfig {
   // A save that fails (disk full, I/O error): "stop" ends training with the error (every rank at
   // the same step); "warn" logs it, counts it in metrics (checkpoint_failures) and saves again at
   // the next interval. Either way the failed directory is removed, never left complete-looking.
-  std::string on_error = "stop";
+  SaveFailurePolicy on_error = SaveFailurePolicy::stop;
 };
 
 // Model-quality evaluation (flowtrain eval, and periodically during training): samples scored
@@ -168,7 +222,7 @@ struct EvalConfig {
   int64_t every = 0;       // steps between evaluations during training; 0 = off
   int64_t num = 1000;      // generated samples per evaluation
   int64_t steps = 30;
-  std::string sampler = "heun";
+  models::SamplerKind sampler = models::SamplerKind::Heun;
   double cfg_scale = 1.5;
   int64_t seed = 1;
   std::string classifier_dir = "";  // classifier cache; "" = $FLOWTRAIN_DEPS/classifiers (~/.cache/flowtrain)
@@ -190,23 +244,23 @@ struct ParallelConfig {
   int64_t dp_replicate = 1;           // HSDP replicas (all-reduce across them); usually = nodes
   int64_t dp_shard = -1;              // ranks a parameter is sharded over; −1 = the rest of the world
   int64_t cp = 1;                     // context parallelism (sequence split); 1 = off
-  std::string cp_attention = "auto";  // auto (ulysses when heads % cp == 0, else ring) | ulysses | ring | hybrid
+  CpAttentionChoice cp_attention = CpAttentionChoice::automatic;  // auto: ulysses when heads % cp == 0, else ring
   int64_t cp_ulysses = 1;             // hybrid: Ulysses degree inside cp (ring across cp / cp_ulysses groups)
-  std::string fsdp = "auto";          // auto: shard when world > 1 | on: also at world 1 (traces, tests)
+  FsdpChoice fsdp = FsdpChoice::automatic;  // auto: shard when world > 1 | on: also at world 1 (traces, tests)
   bool reshard_after_forward = true;  // free gathered weights after each unit's forward (re-gather in backward)
   bool prefetch = true;               // gather unit i+1 while unit i computes (both directions)
-  std::string reduce_dtype = "fp32";  // fp32 | bf16: gradient reduce-scatter precision
+  Precision reduce_dtype = Precision::fp32;  // gradient reduce-scatter precision
   bool reduce_every_micro_batch = false;  // grad_accum > 1: reduce-scatter each micro-batch (less memory)
-  std::string backend = "auto";       // auto (nccl on cuda, gloo on cpu) | nccl | gloo
+  BackendChoice backend = BackendChoice::automatic;  // auto: nccl on cuda, gloo on cpu
   double timeout_s = 600;             // rendezvous and collective timeout: a dead peer ends the job by then
 };
 
 // Training health (trainer/health/): what is watched every step and every log interval, and
 // what is done about it. docs/health.md has the detectors' definitions.
 struct HealthConfig {
-  std::string nonfinite = "stop";   // a non-finite loss or gradient: stop | skip | rollback
+  NonfinitePolicy nonfinite = NonfinitePolicy::stop;  // a non-finite loss or gradient
   int64_t max_skips = 10;           // skipped updates allowed in a run (non-finite and spikes); then stop
-  std::string spike = "warn";       // a loss spike: off | warn | skip | rollback
+  SpikePolicy spike = SpikePolicy::warn;  // a loss spike
   double spike_threshold = 8.0;     // robust z: (loss − median) / (1.4826 · MAD) over the window …
   double spike_ratio = 2.0;         // … and loss ≥ ratio × median: both make a spike
   int64_t spike_window = 100;       // steps of loss history (spikes themselves left out)
@@ -233,9 +287,8 @@ struct DebugConfig {
   double slow_worker_seconds = 0;   // data: the batch arrives this much later on slow_rank
   int64_t slow_from_step = 1;
   double leak_mib_per_step = 0;     // host memory kept (and touched) every step
-  // A deliberately wrong FSDP gradient reduction (parallel/fsdp.h ReductionFault): none |
-  // sum_over_shard_group | no_context_sum | sum_over_replicas.
-  std::string reduction = "none";
+  // A deliberately wrong FSDP gradient reduction (parallel/reduction_fault.h).
+  parallel::ReductionFault reduction = parallel::ReductionFault::None;
   // "STEP:SECONDS" pauses after the first file of that step's checkpoint is written (a kill then
   // lands mid-save); "STEP:SECONDS:torn" first cuts that file to half its bytes. "" = off.
   std::string checkpoint_pause = "";

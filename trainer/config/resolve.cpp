@@ -23,7 +23,8 @@ RunEnvironment this_environment(const parallel::DistEnv& env) {
 }
 
 c10::DeviceType resolve_device(const RunConfig& run, int64_t cuda_devices) {
-  if (run.device == "cpu" || (run.device == "auto" && cuda_devices == 0)) return c10::kCPU;
+  if (run.device == DeviceChoice::cpu || (run.device == DeviceChoice::automatic && cuda_devices == 0))
+    return c10::kCPU;
   if (cuda_devices == 0) throw ConfigError("'run.device' is cuda but no CUDA device is available (use cpu or auto)");
   return c10::kCUDA;
 }
@@ -51,12 +52,15 @@ ResolvedRun resolve(const Config& c, const RunEnvironment& env) {
   }
   check_batch_split(c, r.data_parallel);
   r.micro_batch = c.data.batch_size / (r.data_parallel * c.train.grad_accum);
-  r.sharded = env.world > 1 || c.parallel.fsdp == "on";
+  r.sharded = env.world > 1 || c.parallel.fsdp == FsdpChoice::on;
   if (r.sharded) {
-    r.backend = c.parallel.backend != "auto" ? c.parallel.backend : r.device == c10::kCUDA ? "nccl" : "gloo";
-    if (r.backend == "nccl" && r.device != c10::kCUDA)
+    const BackendChoice backend = c.parallel.backend != BackendChoice::automatic ? c.parallel.backend
+                                  : r.device == c10::kCUDA                        ? BackendChoice::nccl
+                                                                                  : BackendChoice::gloo;
+    if (backend == BackendChoice::nccl && r.device != c10::kCUDA)
       throw ConfigError("'parallel.backend' nccl needs CUDA tensors, but the run is on the CPU ('run.device' " +
-                        c.run.device + "); use gloo or auto");
+                        name_of(c.run.device) + "); use gloo or auto");
+    r.backend = name_of(backend);
   }
   // Ranks sharing a machine share its cores: all-cores-each would oversubscribe them.
   r.threads = c.train.threads > 0 ? c.train.threads
@@ -81,7 +85,7 @@ std::vector<std::pair<std::string, std::string>> ResolvedRun::lines(const Config
                                         count(c.train.grad_accum, "micro-batch"), count(micro_batch, "sample")));
   if (mesh.cp > 1)  // the kind and the token split are decided with the built model (parallelize.h)
     out.emplace_back("context", fmt::format("{} ranks split each sample's tokens; attention {}", mesh.cp,
-                                            c.parallel.cp_attention));
+                                            name_of(c.parallel.cp_attention)));
   out.emplace_back("model", fmt::format("hidden {}, depth {}, heads {}", model.hidden, model.depth, model.heads));
   out.emplace_back("threads", count(threads, "intra-op CPU thread") + " per rank");
   return out;

@@ -168,7 +168,7 @@ TrainedClassifier train_and_cache(const std::string& dir, const std::string& dat
   LrSchedule schedule;
   schedule.peak_lr = options.lr;
   schedule.warmup_steps = std::min<int64_t>(50, options.epochs * steps_per_epoch / 10);
-  schedule.kind = "cosine";
+  schedule.kind = ScheduleKind::cosine;
   schedule.total_steps = options.epochs * steps_per_epoch;
 
   // Data order: a generator of our own (seed + 1, so it is not the initialisation's stream).

@@ -81,9 +81,9 @@ at::Tensor class_matched_subset(const data::ImageDataset& dataset, int64_t n, ui
 void check_eval_config(const Config& c, const models::DiffusionModel& model) {
   const std::string where = c.source_path.empty() ? std::string("config") : c.source_path;
   auto fail = [&](const std::string& what) { throw ConfigError(where + ": " + what); };
-  if (c.data.source != "fashion_mnist")
+  if (c.data.source != DataSource::fashion_mnist)
     fail(fmt::format("'data.source' is '{}'; the quality metrics need fashion_mnist (their classifier's data set)",
-                     c.data.source));
+                     name_of(c.data.source)));
   const std::vector<int64_t> shape = model.sample_shape();  // [C, H, W]
   if (shape[0] != 1) fail(fmt::format("'model.in_channels' is {}; the quality metrics score 1-channel images", shape[0]));
   if (shape[1] < models::FashionClassifierImpl::kImageSide)
@@ -187,7 +187,7 @@ at::Tensor generate_eval_samples(models::DiffusionModel& model, const RowConditi
     models::VelocityFn velocity = [&](const at::Tensor& x, const at::Tensor& t, const models::Conditioning& c) {
       return model.forward(x, t, c);
     };
-    spdlog::info("eval: generating {} samples ({} {} steps, cfg {}, seed {})", config.eval.num, config.eval.sampler,
+    spdlog::info("eval: generating {} samples ({} {} steps, cfg {}, seed {})", config.eval.num, name_of(config.eval.sampler),
                  config.eval.steps, config.eval.cfg_scale, config.eval.seed);
     samples = generate_eval_samples(velocity, model, conditioning, config, device);
   }
@@ -240,7 +240,7 @@ CheckpointEvalSamples generate_checkpoint_eval_samples(const Config& config, con
   const CheckpointModel loaded = load_checkpoint_model(c, checkpoint_dir, raw, out.device);
   check(c, *loaded.model);
   spdlog::info("eval: {} weights of {} (step {}), {} samples ({} {} steps, cfg {}, seed {})",
-               loaded.ema ? "EMA" : "raw", checkpoint_dir, loaded.step, c.eval.num, c.eval.sampler, c.eval.steps,
+               loaded.ema ? "EMA" : "raw", checkpoint_dir, loaded.step, c.eval.num, name_of(c.eval.sampler), c.eval.steps,
                c.eval.cfg_scale, c.eval.seed);
   out.samples = generate_eval_samples(*loaded.model, loaded.conditioning.of_eval_rows, c, out.device);
   out.eval_rows = loaded.conditioning.of_eval_rows;

@@ -21,9 +21,9 @@ at::Tensor padded_rows(const at::Tensor& all, int64_t first, int64_t count) {
   return all.index_select(0, index.to(all.device()));
 }
 
-models::SamplerOptions sampler_options(const std::string& sampler, int64_t steps, double cfg_scale, double shift) {
+models::SamplerOptions sampler_options(models::SamplerKind sampler, int64_t steps, double cfg_scale, double shift) {
   models::SamplerOptions so;
-  so.kind = models::parse_sampler(sampler);
+  so.kind = sampler;
   so.steps = steps;
   so.cfg_scale = cfg_scale;
   so.shift = shift;

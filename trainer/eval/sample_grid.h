@@ -21,7 +21,7 @@ using RowConditioning = std::function<models::Conditioning(const at::Tensor& row
 
 // The sampler settings of a grid or an evaluation (sampler name, steps, CFG scale, the run's
 // time shift: builders.h time_shift).
-models::SamplerOptions sampler_options(const std::string& sampler, int64_t steps, double cfg_scale, double shift);
+models::SamplerOptions sampler_options(models::SamplerKind sampler, int64_t steps, double cfg_scale, double shift);
 
 // The fixed draw of `num` noises from `seed` (CPU) that sample_rows integrates: [num, C, H, W].
 at::Tensor sample_noise(const models::DiffusionModel& model, int64_t num, int64_t seed);

@@ -81,9 +81,12 @@ StepVerdict HealthMonitor::judge_pending() {
 StepVerdict HealthMonitor::judge(const StepObservation& obs, double loss, double grad_norm, bool may_act) {
   if (!std::isfinite(loss) || !std::isfinite(grad_norm)) {
     const std::string what = describe_nonfinite(obs, loss);
-    return act(c_.nonfinite, what, obs.step, may_act);
+    const HealthAction wanted = c_.nonfinite == NonfinitePolicy::skip       ? HealthAction::Skip
+                                : c_.nonfinite == NonfinitePolicy::rollback ? HealthAction::Rollback
+                                                                            : HealthAction::Stop;
+    return act(wanted, what, obs.step, may_act);
   }
-  if (c_.spike == "off") return {};
+  if (c_.spike == SpikePolicy::off) return {};
   const LossSpikeDetector::Verdict v = spikes_.observe(obs.step, loss);
   if (!v.spike) return {};
   write_spike_samples(obs, loss, v);
@@ -92,33 +95,35 @@ StepVerdict HealthMonitor::judge(const StepObservation& obs, double loss, double
       "{:.1f} > {}); per-sample losses in {}/health/spike-step-{:07d}-rank-*.json",
       obs.step, obs.batch_ordinal, loss, loss / v.median, v.median, c_.spike_window, v.z, c_.spike_threshold,
       w_.out_dir, obs.step);
-  if (c_.spike == "warn") {
+  if (c_.spike == SpikePolicy::warn) {
     if (w_.rank == 0) {
       spdlog::warn("health: {} — training goes on (health.spike: warn)", what);
       append_health_event(w_.out_dir, w_.rank, obs.step, "loss_spike", what);
     }
     return {};
   }
-  return act(c_.spike, what, obs.step, may_act);
+  return act(c_.spike == SpikePolicy::skip ? HealthAction::Skip : HealthAction::Rollback, what, obs.step, may_act);
 }
 
-StepVerdict HealthMonitor::act(const std::string& policy, const std::string& what, int64_t step, bool may_act) {
+StepVerdict HealthMonitor::act(HealthAction wanted, const std::string& what, int64_t step, bool may_act) {
   StepVerdict v;
   v.reason = what;
   std::string outcome;
-  if (policy == "skip" && may_act && skipped_ < c_.max_skips) {
+  if (wanted == HealthAction::Skip && may_act && skipped_ < c_.max_skips) {
     ++skipped_;
     v.action = HealthAction::Skip;
     outcome = fmt::format("the update is skipped ({} of health.max_skips {})", skipped_, c_.max_skips);
-  } else if (policy == "rollback" && may_act) {
+  } else if (wanted == HealthAction::Rollback && may_act) {
     v.action = HealthAction::Rollback;
     outcome = "rolling back to the last checkpoint and continuing past this batch";
   } else {
     v.action = HealthAction::Stop;
-    outcome = policy == "skip" && may_act ? fmt::format("stopping: health.max_skips ({}) updates already skipped",
+    outcome = wanted == HealthAction::Skip && may_act ? fmt::format("stopping: health.max_skips ({}) updates already skipped",
                                                         c_.max_skips)
                                           : "stopping without saving; the last checkpoint is intact";
   }
+  // The event is named by the policy asked for (its config word), the outcome says what was done.
+  const char* policy = wanted == HealthAction::Skip ? "skip" : wanted == HealthAction::Rollback ? "rollback" : "stop";
   if (w_.rank == 0) append_health_event(w_.out_dir, w_.rank, step, policy, what + " — " + outcome);
   const std::string line = "health: " + what + " — " + outcome;
   // A stop is reported once, by the error that ends the run (flowtrain train prints it).

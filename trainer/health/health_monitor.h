@@ -84,7 +84,9 @@ class HealthMonitor {
   StepVerdict judge(const StepObservation& obs, double loss, double grad_norm, bool may_act);
   std::string describe_nonfinite(const StepObservation& obs, double loss);
   void write_spike_samples(const StepObservation& obs, double loss, const LossSpikeDetector::Verdict& v);
-  StepVerdict act(const std::string& policy, const std::string& what, int64_t step, bool may_act);
+  // `wanted`: what the policy asks for (Skip, Rollback or Stop); a skip past health.max_skips, or
+  // any remedy where the verdict may not act, stops.
+  StepVerdict act(HealthAction wanted, const std::string& what, int64_t step, bool may_act);
   std::string event_before(int64_t step) const;
 
   HealthConfig c_;

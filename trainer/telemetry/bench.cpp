@@ -119,7 +119,7 @@ void measure_overlap(CheckpointCost& cost, const std::vector<nlohmann::json>& sa
 }  // namespace
 
 BenchReport run_benchmark(Config config, const BenchOptions& o) {
-  if (o.synthetic) config.data.source = "synthetic";
+  if (o.synthetic) config.data.source = DataSource::synthetic;
   // A throw-away run directory: a benchmark must never touch a real run's checkpoints.
   const fs::path base = fs::temp_directory_path() / fmt::format("flowtrain-bench-{}", ::getpid());
   fs::remove_all(base);
@@ -186,8 +186,9 @@ BenchReport run_benchmark(Config config, const BenchOptions& o) {
   }
 
   r.device = device.str();
-  r.precision = config.train.precision;
-  if (config.fp8.recipe != "none") r.precision += " + fp8 " + config.fp8.recipe + (config.fp8.emulate || !device.is_cuda() ? " (emulated)" : "");
+  r.precision = name_of(config.train.precision);
+  if (config.fp8.recipe != models::fp8::Recipe::none)
+    r.precision += " + fp8 " + name_of(config.fp8.recipe) + (config.fp8.emulate || !device.is_cuda() ? " (emulated)" : "");
   r.threads = at::get_num_threads();
   r.rank = trainer.rank();
   r.world = trainer.world();
@@ -362,7 +363,7 @@ double write_parity_dump(const Config& c, const std::string& path) {
       {"lr", fmt::format("{}", c.optim.lr)},
       {"threads", std::to_string(at::get_num_threads())},
       // What the step does, so the peer does the same work or refuses.
-      {"precision", c.train.precision},
+      {"precision", name_of(c.train.precision)},
       {"grad_clip", fmt::format("{}", c.optim.grad_clip)},
       {"ema_decay", fmt::format("{}", c.train.ema_decay)},
       {"ema_warmup", c.train.ema_warmup ? "true" : "false"},
@@ -371,11 +372,11 @@ double write_parity_dump(const Config& c, const std::string& path) {
       {"eps", fmt::format("{}", c.optim.eps)},
       {"weight_decay", fmt::format("{}", c.optim.weight_decay)},
       {"class_dropout", fmt::format("{}", c.model.class_dropout)},
-      {"timesteps", c.flow.timesteps},
+      {"timesteps", name_of(c.flow.timesteps)},
       {"logit_mean", fmt::format("{}", c.flow.logit_mean)},
       {"logit_std", fmt::format("{}", c.flow.logit_std)},
       {"shift", fmt::format("{}", time_shift(c))},
-      {"activation_checkpointing", c.train.activation_checkpointing},
+      {"activation_checkpointing", name_of(c.train.activation_checkpointing)},
       {"tf32", c.train.tf32 ? "true" : "false"}};
   meta.insert(architecture.begin(), architecture.end());
   data::write_safetensors(path, out, meta);

@@ -51,7 +51,8 @@ DataBenchReport run_data_bench(const Config& c, int64_t batches, int64_t warmup)
   }
   DataBenchReport r;
   r.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
-  r.source = c.data.source == "shards" && !c.data.shards.empty() ? "shards " + c.data.shards[0] : c.data.source;
+  r.source = c.data.source == DataSource::shards && !c.data.shards.empty() ? "shards " + c.data.shards[0]
+                                                                            : name_of(c.data.source);
   r.workers = c.data.workers;
   r.batch = c.data.batch_size;
   r.batches = batches;
