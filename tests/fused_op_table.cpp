@@ -45,15 +45,24 @@ at::Tensor gate_of(const at::Tensor& mod) { return mod.narrow(1, 2 * mod.size(1)
 const std::vector<std::array<int64_t, 3>> kTokenShapes = {{3, 70, 20}, {3, 17, 37}, {3, 17, 40},
                                                           {2, 1, 1152}, {2, 9, 3072}, {2, 3, 1153}};
 
+// One case per token shape, its inputs made by `make(B, N, D)` after seeding the generator.
+std::vector<OpCase> token_cases(uint64_t seed, std::function<std::vector<OpInput>(int64_t, int64_t, int64_t)> make) {
+  std::vector<OpCase> cases;
+  for (const auto& [B, N, D] : kTokenShapes)
+    cases.emplace_back(dims({B, N, D}), [seed, make, B = B, N = N, D = D] {
+      at::manual_seed(seed);
+      return make(B, N, D);
+    });
+  return cases;
+}
+
 FusedOp adaln_modulate_op() {
   FusedOp op;
   op.name = "adaln_modulate";
-  for (const auto& [B, N, D] : kTokenShapes)
-    op.cases.push_back({dims({B, N, D}), [B = B, N = N, D = D] {
-                          at::manual_seed(0);
-                          // a non-zero mean exercises the two-pass variance
-                          return std::vector<OpInput>{{at::randn({B, N, D}) * 2 + 0.5}, {at::randn({B, 3 * D}) * 0.5}};
-                        }});
+  op.cases = token_cases(0, [](int64_t B, int64_t N, int64_t D) {
+    // a non-zero mean exercises the two-pass variance
+    return std::vector<OpInput>{{at::randn({B, N, D}) * 2 + 0.5}, {at::randn({B, 3 * D}) * 0.5}};
+  });
   op.reference = [](const std::vector<at::Tensor>& in, const Params&) {
     const int64_t D = in[0].size(-1);
     return at::layer_norm(in[0], {D}, {}, {}, kLayerNormEps) * (1 + scale_of(in[1]).unsqueeze(1)) +
@@ -78,12 +87,9 @@ FusedOp adaln_modulate_op() {
 FusedOp gated_residual_op() {
   FusedOp op;
   op.name = "gated_residual";
-  for (const auto& [B, N, D] : kTokenShapes)
-    op.cases.push_back({dims({B, N, D}), [B = B, N = N, D = D] {
-                          at::manual_seed(1);
-                          return std::vector<OpInput>{{at::randn({B, N, D})}, {at::randn({B, 3 * D})},
-                                                      {at::randn({B, N, D})}};
-                        }});
+  op.cases = token_cases(1, [](int64_t B, int64_t N, int64_t D) {
+    return std::vector<OpInput>{{at::randn({B, N, D})}, {at::randn({B, 3 * D})}, {at::randn({B, N, D})}};
+  });
   op.reference = [](const std::vector<at::Tensor>& in, const Params&) { return in[0] + gate_of(in[1]).unsqueeze(1) * in[2]; };
   op.kernels["cpu"] = {[](const std::vector<at::Tensor>& in, const Params&) {
                          const at::Tensor gate = gate_of(in[1]);
