@@ -54,7 +54,7 @@ PARITY_RTOL = 1e-5
 
 # What flowtrain's step does, from the dump's metadata: the peer does the same work or refuses.
 STEP_KEYS = ["precision", "grad_clip", "ema_decay", "ema_warmup", "beta1", "beta2", "eps", "weight_decay",
-             "class_dropout", "timesteps", "logit_mean", "logit_std", "shift", "activation_checkpointing", "tf32"]
+             "timesteps", "logit_mean", "logit_std", "shift", "activation_checkpointing", "tf32"]
 
 
 def unsupported(meta: dict) -> str:
@@ -94,8 +94,8 @@ def quantile(values: list[float], q: float) -> float:
 class DiTTask:
     """model.arch dit: class labels condition the model; dropped labels become the null class."""
 
-    meta_keys = ["hidden", "depth", "heads", "patch", "input_size", "in_channels", "num_classes", "learn_sigma",
-                 "mlp_ratio", "timestep_scale"]
+    meta_keys = ["hidden", "depth", "heads", "patch", "input_size", "in_channels", "num_classes", "class_dropout",
+                 "learn_sigma", "mlp_ratio", "timestep_scale"]
     conditioning = ["labels"]
 
     def __init__(self, meta: dict):
@@ -265,7 +265,9 @@ class FlowtrainSyntheticRun:
         self.seed = int(cfg["run.seed"])
         self.batch, self.accum = int(cfg["data.batch_size"]), int(cfg["train.grad_accum"])
         self.flux = cfg.get("model.arch", "dit") == "flux"
-        self.num_classes = int(cfg["model.num_classes"])
+        # model.num_classes is a DiT key; a text-conditioned model's samples carry the one label 0
+        # (trainer/builders.cpp), drawn after the images either way.
+        self.num_classes = 1 if self.flux else int(cfg["model.num_classes"])
         self.dropout = float(cfg["model.text_dropout" if self.flux else "model.class_dropout"])
         # The trainer's time shift (flow.shift, or Flux's resolution shift), from the parity dump.
         self.timesteps, self.shift = cfg["flow.timesteps"], shift

@@ -293,7 +293,8 @@ def private(ctx):
 # The seam of trainer/family.h: a family's spec (trainer/families/<name>/) is the only code that
 # names it. What a family is, is read from the tree, so a new family is covered as it lands:
 #   - its model folders: the models/<dir>/ that trainer/families/ includes;
-#   - its types: the struct/class/TORCH_MODULE names those folders' headers declare;
+#   - its types: the struct/class/TORCH_MODULE names those folders' headers declare, and those its
+#     own folder's headers declare (trainer/families/<name>/: its keys' struct);
 #   - its arch string: the `spec.arch = "…"` of its spec.
 SEAM_SCOPE = ("trainer/", "parallel/", "data/")
 SEAM_OWNER = "trainer/families/"
@@ -323,8 +324,10 @@ def families(ctx):
                  "has the registry moved? update this section")
         return
     types = set()
+    family_folders = tuple(sorted({os.path.dirname(p) + "/" for p in ctx.files(".h")
+                                   if p.startswith(SEAM_OWNER) and p.count("/") > 2}))
     for path in ctx.files(".h"):
-        if path.startswith(tuple(folders)):
+        if path.startswith(tuple(folders) + family_folders):
             for line in ctx.lines(path) or []:
                 m = re.match(r"\s*(?:struct|class)\s+(\w+)\s*[:{]", line) or \
                     re.match(r"\s*TORCH_MODULE\((\w+)\)", line)
@@ -333,6 +336,8 @@ def families(ctx):
     rules = [
         (re.compile(r'#include "(%s)' % "|".join(re.escape(f) for f in sorted(folders))),
          "includes a family's model folder", None),
+        (re.compile(r'#include "(%s)' % "|".join(re.escape(f) for f in family_folders)),
+         "includes a family's own folder", None),
         (re.compile(r"\b(%s)\b" % "|".join(sorted(types))), "names a family's type", strip_strings),
         (re.compile(r'"(%s)"' % "|".join(re.escape(a) for a in sorted(archs))), "names a family's arch", None),
         (re.compile(r"model\.arch (%s)\b" % "|".join(re.escape(a) for a in sorted(archs))),

@@ -8,6 +8,8 @@
 #include <array>
 #include <map>
 #include <cstdio>
+#include <fstream>
+#include <stdexcept>
 #include <sstream>
 
 namespace flowtrain::test {
@@ -25,8 +27,22 @@ CommandResult run_flowtrain(const std::string& args, const std::string& env) {
   return r;
 }
 
-CommandResult train_tiny(const std::string& out_dir, const std::vector<std::string>& sets, const std::string& env) {
-  std::string args = "train -c " + source_path("tests/configs/tiny_fashion.yaml") + " --set run.out_dir=" + out_dir +
+std::string tiny_config(const std::string& arch) {
+  const std::string dit = source_path("tests/configs/tiny_fashion.yaml");
+  if (arch == "dit") return dit;
+  const std::string path = scratch_dir("tiny_config_" + arch) + "/tiny.yaml";
+  std::istringstream in(read_file(dit));
+  std::string kept;
+  for (std::string line; std::getline(in, line);)
+    if (line.find("num_classes:") == std::string::npos) kept += line + "\n";
+  if (kept.size() + 1 >= read_file(dit).size()) throw std::runtime_error("tiny_config: no num_classes line in " + dit);
+  std::ofstream(path) << kept;
+  return path;
+}
+
+CommandResult train_tiny(const std::string& out_dir, const std::vector<std::string>& sets, const std::string& env,
+                         const std::string& arch) {
+  std::string args = "train -c " + tiny_config(arch) + " --set run.out_dir=" + out_dir +
                      " --set data.path=" + fashion_mnist_dir();
   for (const auto& s : sets) args += " --set " + s;
   return run_flowtrain(args, env);

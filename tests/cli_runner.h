@@ -16,9 +16,14 @@ struct CommandResult {
 // `flowtrain ARGS` through /bin/sh (ARGS is shell text; `env` is prefixed as VAR=value ...).
 CommandResult run_flowtrain(const std::string& args, const std::string& env = "");
 
-// flowtrain train on tests/configs/tiny_fashion.yaml into `out_dir`, with extra --set flags.
+// The tiny test config for model.arch `arch`: tests/configs/tiny_fashion.yaml (a DiT's) for
+// dit; for another family, a copy whose model section keeps only the keys every family has
+// (model.num_classes is the DiT's own key, an error under another family), to --set its own.
+std::string tiny_config(const std::string& arch = "dit");
+
+// flowtrain train on tiny_config(arch) into `out_dir`, with extra --set flags.
 CommandResult train_tiny(const std::string& out_dir, const std::vector<std::string>& sets = {},
-                         const std::string& env = "");
+                         const std::string& env = "", const std::string& arch = "dit");
 
 // run_dir/checkpoints/step-NNNNNNN: where a run's checkpoint of `step` lives.
 std::string ckpt(const std::string& run_dir, int step);

@@ -68,7 +68,10 @@ std::shared_ptr<const data::ImageDataset> build_dataset(const Config& c) {
   } else {  // synthetic: sized like the model's input, for benchmarks and data-free tests
     // Clips for a video model; fewer of them (a 32-frame 64² clip of 4 channels is 0.5 MB).
     const int64_t n = std::max<int64_t>(c.model.frames > 1 ? 64 : 4096, c.data.batch_size);
-    *dataset = data::make_synthetic_dataset(n, c.model.in_channels, c.model.image_size, c.model.num_classes,
+    // A text-conditioned model's samples carry the one label 0 (the labels are drawn after the
+    // images, so their count changes no image).
+    const int64_t classes = std::max<int64_t>(1, class_count(c.model));
+    *dataset = data::make_synthetic_dataset(n, c.model.in_channels, c.model.image_size, classes,
                                             static_cast<uint64_t>(c.run.seed), c.model.frames);
     if (!model_family(c.model.arch).class_conditioning) dataset->fields = synthetic_text_fields(c, dataset->size());
   }
@@ -84,9 +87,10 @@ std::shared_ptr<const data::ImageDataset> build_dataset(const Config& c) {
   if (side > c.model.image_size)
     throw ConfigError(fmt::format("{}: 'model.image_size' is {} but data.source '{}' has {}×{} images (must be >=; "
                                   "smaller images are padded)", where, c.model.image_size, name_of(c.data.source), side, side));
-  if (dataset->num_classes > c.model.num_classes)
+  const int64_t classes = class_count(c.model);
+  if (classes > 0 && dataset->num_classes > classes)
     throw ConfigError(fmt::format("{}: 'model.num_classes' is {} but data.source '{}' has {} classes", where,
-                                  c.model.num_classes, name_of(c.data.source), dataset->num_classes));
+                                  classes, name_of(c.data.source), dataset->num_classes));
   return dataset;
 }
 
@@ -106,8 +110,7 @@ data::LoaderOptions loader_options(const Config& c, int64_t dp_rank, int64_t dp_
 double time_shift(const Config& c) {
   if (!c.flow.resolution_shift) return c.flow.shift;
   // Every visual token counts: a clip's frames / patch_t times the tokens of one frame.
-  const double tokens = std::pow(static_cast<double>(c.model.image_size / c.model.patch), 2) *
-                        static_cast<double>(c.model.frames / c.model.patch_t);
+  const double tokens = static_cast<double>(model_family(c.model.arch).image_tokens(c.model));
   const double mu = 0.5 + (1.15 - 0.5) / (4096.0 - 256.0) * (tokens - 256.0);
   return std::exp(mu);
 }

@@ -139,11 +139,11 @@ data::ShardLoaderOptions shard_loader_options(const Config& c, int64_t dp_rank, 
   }
   if (family.class_conditioning) {
     o.spec.label = true;
-    o.spec.num_classes = c.model.num_classes;
+    o.spec.num_classes = class_count(c.model);
   } else if (reads_caption_tokens(c.model)) {
     o.spec.caption = true;
     auto tokenizer = data_tokenizer(c);
-    const int64_t text_len = c.model.text_len;
+    const int64_t text_len = text_conditioning(c.model).length;
     o.spec.caption_fields = [tokenizer, text_len](const std::string& caption) {
       std::map<std::string, at::Tensor> fields = caption_token_fields(tokenizer->encode_batch({caption}, text_len));
       for (auto& [name, t] : fields) t = t[0];  // one sample's row

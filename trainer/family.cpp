@@ -33,11 +33,11 @@ void register_family(FamilySpec spec) {
   std::lock_guard<std::mutex> lock(r.mutex);
   for (const auto& f : r.families)
     if (f->arch == spec.arch) throw std::invalid_argument("register_family: model.arch '" + spec.arch + "' is taken");
-  if (!spec.preset || !spec.validate || !spec.build || !spec.cost || !spec.parallelize ||
-      !spec.class_conditioning == !spec.text_conditioning)
+  if (!spec.preset || !spec.validate || !spec.build || !spec.cost || !spec.image_tokens || !spec.parallelize ||
+      !spec.class_conditioning == !spec.text_conditioning || !spec.class_conditioning != !spec.classes)
     throw std::invalid_argument("register_family: '" + spec.arch +
-                                "' needs preset, validate, build, cost, parallelize and exactly one of "
-                                "class_conditioning / text_conditioning");
+                                "' needs preset, validate, build, cost, image_tokens, parallelize and exactly one of "
+                                "class_conditioning (with classes) / text_conditioning");
   r.families.push_back(std::make_unique<FamilySpec>(std::move(spec)));
 }
 
@@ -93,6 +93,11 @@ std::shared_ptr<models::DiffusionModel> build_model(const ModelConfig& model) {
 std::vector<std::string> exported_parts(const ModelConfig& model) {
   const FamilySpec& family = model_family(model.arch);
   return family.exported_parts ? family.exported_parts(model) : std::vector<std::string>{""};
+}
+
+int64_t class_count(const ModelConfig& model) {
+  const FamilySpec& family = model_family(model.arch);
+  return family.classes ? family.classes(model) : 0;
 }
 
 bool reads_caption_tokens(const ModelConfig& model) {

@@ -13,6 +13,7 @@
 #include "models/flow_matching.h"
 #include "models/model.h"
 #include "trainer/config/config.h"
+#include "trainer/config/schema.h"
 #include "trainer/parallelize.h"
 
 #include <ATen/ATen.h>
@@ -48,6 +49,7 @@ enum class TextInput {
 struct TextConditioning {
   TextInput input = TextInput::Embeddings;
   int64_t length = 0;        // text tokens per sample
+  int64_t vocab_size = 0;    // Tokens: the token ids its encoder takes
   int64_t width = 0;         // Embeddings: one token's embedding width
   int64_t pooled_width = 0;  // Embeddings: the pooled vector's width
 };
@@ -56,6 +58,11 @@ struct FamilySpec {
   std::string arch;                // the model.arch value
   std::vector<std::string> sizes;  // the model.size presets it knows
   std::function<ModelPreset(const std::string& size)> preset;  // throws ConfigError for a foreign size
+  // The keys it adds to the model section besides ModelConfig's own, on a struct of its own that
+  // the family reads as model.family<S>(): family_keys<S>().add(…).keys (trainer/config/schema.h).
+  // The schema parses, checks, writes and diffs them with every other key; a config whose
+  // model.arch is another family cannot set them.
+  std::vector<Key<ModelConfig>> keys;
   // Cross-field checks of the model section beyond the schema's per-key ranges; throws
   // ConfigError naming the keys.
   std::function<void(const ModelConfig&)> validate;
@@ -63,11 +70,15 @@ struct FamilySpec {
   // identical weights on every rank).
   std::function<std::shared_ptr<models::DiffusionModel>(const ModelConfig&)> build;
   std::function<ModelCost(const ModelConfig&)> cost;
+  // The visual tokens of one sample at model.image_size (Flux's resolution shift counts them).
+  std::function<int64_t(const ModelConfig&)> image_tokens;
 
   // --- conditioning: exactly one of the two is set -------------------------------------------
   // The conditioning of samples of class `labels` (int64 [B]): training batches of a labelled
   // data set, sample grids and the class-conditional evaluation.
   std::function<models::Conditioning(const at::Tensor& labels)> class_conditioning;
+  // With class_conditioning: the labels it takes, 0 … n-1.
+  std::function<int64_t(const ModelConfig&)> classes;
   // What text a text-conditioned model reads, for this model section.
   std::function<TextConditioning(const ModelConfig&)> text_conditioning;
 
@@ -113,6 +124,8 @@ void unregister_family(const std::string& arch);
 std::shared_ptr<models::DiffusionModel> build_model(const ModelConfig& model);
 // The family's exported parts ({""} when it has one).
 std::vector<std::string> exported_parts(const ModelConfig& model);
+// The class labels a class-conditional model takes; 0 for a text-conditioned one.
+int64_t class_count(const ModelConfig& model);
 // Whether the model reads captions through its own text encoder (TextInput::Tokens).
 bool reads_caption_tokens(const ModelConfig& model);
 // The text a text-conditioned model reads; throws ConfigError when model.arch is class-conditional.

@@ -43,23 +43,25 @@ std::map<std::string, at::Tensor> caption_token_fields(const data::Tokenizer::Ba
 
 std::shared_ptr<const data::Tokenizer> data_tokenizer(const Config& c) {
   auto tokenizer = std::make_shared<data::Tokenizer>((fs::path(c.data.path) / "tokenizer.model").string());
-  if (tokenizer->vocab_size() > c.model.vocab_size)
+  const int64_t vocab_size = text_conditioning(c.model).vocab_size;
+  if (tokenizer->vocab_size() > vocab_size)
     throw ConfigError(fmt::format("'model.vocab_size' is {} but the tokenizer {} has {} pieces (set it >= {})",
-                                  c.model.vocab_size, tokenizer->path(), tokenizer->vocab_size(),
+                                  vocab_size, tokenizer->path(), tokenizer->vocab_size(),
                                   tokenizer->vocab_size()));
   return tokenizer;
 }
 
 models::Conditioning prompt_conditioning(const Config& c, const data::Tokenizer& tokenizer,
                                          const std::vector<std::string>& prompts) {
-  const auto encoded = tokenizer.encode_batch(prompts, c.model.text_len);
+  const int64_t text_len = text_conditioning(c.model).length;
+  const auto encoded = tokenizer.encode_batch(prompts, text_len);
   constexpr size_t kNamed = 3;  // prompts named one by one; the rest are counted
   for (size_t i = 0; i < std::min(kNamed, encoded.truncated.size()); ++i)
     spdlog::warn("prompt {} has more than model.text_len = {} tokens; cut to fit: \"{}\"", encoded.truncated[i] + 1,
-                 c.model.text_len, prompts[encoded.truncated[i]]);
+                 text_len, prompts[encoded.truncated[i]]);
   if (encoded.truncated.size() > kNamed)
     spdlog::warn("... and {} more prompts cut to model.text_len = {} tokens", encoded.truncated.size() - kNamed,
-                 c.model.text_len);
+                 text_len);
   models::Conditioning cond;
   for (const auto& [name, t] : caption_token_fields(encoded)) cond.set(name, t);
   return cond;
@@ -69,10 +71,11 @@ std::map<std::string, at::Tensor> text_fields(const Config& c, const std::vector
   require_text_model(c);  // before looking for embeddings a class-conditional model could not use
   if (builtin_text(c)) {
     const auto tokenizer = data_tokenizer(c);
-    const auto encoded = tokenizer->encode_batch(captions, c.model.text_len);
+    const int64_t text_len = text_conditioning(c.model).length;
+    const auto encoded = tokenizer->encode_batch(captions, text_len);
     if (!encoded.truncated.empty())
       spdlog::warn("{} of {} captions have more than model.text_len = {} tokens and are cut, e.g. \"{}\"",
-                   encoded.truncated.size(), captions.size(), c.model.text_len, captions[encoded.truncated[0]]);
+                   encoded.truncated.size(), captions.size(), text_len, captions[encoded.truncated[0]]);
     return caption_token_fields(encoded);
   }
   // Precomputed embeddings, one row per caption.
@@ -103,14 +106,14 @@ std::map<std::string, at::Tensor> text_fields(const Config& c, const std::vector
 
 std::map<std::string, at::Tensor> synthetic_text_fields(const Config& c, int64_t n) {
   at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(static_cast<uint64_t>(c.run.seed) + 1);
-  const int64_t L = c.model.text_len;
+  const TextConditioning text = text_conditioning(c.model);
+  const int64_t L = text.length;
   const at::Tensor lengths = at::randint(std::min<int64_t>(8, L), L + 1, {n}, gen, at::kLong);
   const at::Tensor mask = at::arange(L, at::kLong).unsqueeze(0) < lengths.unsqueeze(1);
   if (builtin_text(c)) {
-    const at::Tensor ids = at::randint(data::Tokenizer::kEosId + 1, c.model.vocab_size, {n, L}, gen, at::kLong);
+    const at::Tensor ids = at::randint(data::Tokenizer::kEosId + 1, text.vocab_size, {n, L}, gen, at::kLong);
     return caption_token_fields({ids * mask.to(at::kLong), mask, {}});
   }
-  const TextConditioning text = text_conditioning(c.model);
   return {{"txt", at::randn({n, L, text.width}, gen)}, {"vec", at::randn({n, text.pooled_width}, gen)}, {"txt_mask", mask}};
 }
 
@@ -121,7 +124,7 @@ RunConditioning run_conditioning(const Config& c, std::shared_ptr<const data::Im
     require_text_model(c);
     const auto& of_labels = family.class_conditioning;
     // Grid rows cycle through the classes the data has (a model may have more label slots).
-    const int64_t classes = dataset && dataset->num_classes > 0 ? dataset->num_classes : c.model.num_classes;
+    const int64_t classes = dataset && dataset->num_classes > 0 ? dataset->num_classes : class_count(c.model);
     rc.of_batch = [of_labels](const data::Batch& b) { return of_labels(b.labels); };
     rc.of_rows = [of_labels, classes](const at::Tensor& rows) { return of_labels(rows % classes); };
     rc.of_eval_rows = [of_labels](const at::Tensor& rows) { return of_labels(rows % 10); };

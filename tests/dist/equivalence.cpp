@@ -29,16 +29,16 @@ std::vector<std::string> with(std::vector<std::string> extra) {
 std::string final_checkpoint(const std::string& run) { return run + "/checkpoints/step-0000020"; }
 
 void run_world(int world, const std::string& run, const std::vector<std::string>& sets,
-               const std::vector<std::string>& env) {
+               const std::vector<std::string>& env, const std::string& arch) {
   if (world == 1) {
     ASSERT_TRUE(env.empty()) << "run_world: environment for a single-process run is not supported";
-    auto r = train_tiny(run, sets);
+    auto r = train_tiny(run, sets, "", arch);
     ASSERT_EQ(r.exit_code, 0) << r.output;
     return;
   }
   RankJob job;
   job.world = world;
-  job.args = tiny_train_args(run, sets);
+  job.args = tiny_train_args(run, sets, arch);
   job.extra_env = env;
   job.log_dir = fs::path(run).parent_path().string();
   job.deadline = std::chrono::seconds(240);

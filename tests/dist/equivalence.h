@@ -17,9 +17,9 @@ std::string final_checkpoint(const std::string& run);  // <run>/checkpoints/step
 
 // Trains the tiny config into `run` with `world` ranks on loopback (one process when world is 1);
 // a non-zero exit of any rank fails the calling test with that rank's output. `env` (VAR=value)
-// reaches every rank.
+// reaches every rank. `arch`: the family of the tiny config (tiny_config).
 void run_world(int world, const std::string& run, const std::vector<std::string>& sets,
-               const std::vector<std::string>& env = {});
+               const std::vector<std::string>& env = {}, const std::string& arch = "dit");
 
 struct Difference {
   double loss_rel = 0, grad_norm_rel = 0, weight_abs = 0, ema_abs = 0;

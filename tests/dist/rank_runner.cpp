@@ -94,8 +94,8 @@ std::vector<RankResult> run_ranks(const RankJob& job) {
   return wait_ranks(job, start_ranks(job, store));
 }
 
-std::string tiny_train_args(const std::string& out_dir, const std::vector<std::string>& sets) {
-  std::string args = "train -c " + source_path("tests/configs/tiny_fashion.yaml") + " --set run.out_dir=" + out_dir +
+std::string tiny_train_args(const std::string& out_dir, const std::vector<std::string>& sets, const std::string& arch) {
+  std::string args = "train -c " + tiny_config(arch) + " --set run.out_dir=" + out_dir +
                      " --set data.path=" + fashion_mnist_dir();
   for (const auto& s : sets) args += " --set " + s;
   return args;

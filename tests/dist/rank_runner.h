@@ -63,7 +63,8 @@ std::vector<std::string> run_thread_ranks(int world, parallel::MeshShape mesh,
 std::vector<std::string> run_thread_ranks(int world, parallel::MeshShape mesh, int store_port, int64_t attempt,
                                           const std::function<void(int rank, parallel::Runtime& runtime)>& body);
 
-// The tiny test config's `train` arguments into out_dir, with --set flags.
-std::string tiny_train_args(const std::string& out_dir, const std::vector<std::string>& sets);
+// The tiny test config's `train` arguments into out_dir, with --set flags (tiny_config(arch)).
+std::string tiny_train_args(const std::string& out_dir, const std::vector<std::string>& sets,
+                            const std::string& arch = "dit");
 
 }  // namespace flowtrain::test

@@ -44,17 +44,17 @@ TEST(DistFlux, TextToImageUnderFsdpAndJointSequenceContextParallelismMatchesOneP
   REQUIRE_DATA();
   const std::string base = scratch_dir("dist_flux");
   const std::string w1 = base + "/world1";
-  run_world(1, w1, flux_run({}));
-  run_world(2, base + "/fsdp2", flux_run({}));
+  run_world(1, w1, flux_run({}), {}, "flux");
+  run_world(2, base + "/fsdp2", flux_run({}), {}, "flux");
   expect_equivalent(w1, base + "/fsdp2", "Flux + text encoder, FSDP over 2 ranks");
-  run_world(2, base + "/cp2_ulysses", flux_run({"parallel.cp=2", "parallel.cp_attention=ulysses"}));
+  run_world(2, base + "/cp2_ulysses", flux_run({"parallel.cp=2", "parallel.cp_attention=ulysses"}), {}, "flux");
   expect_equivalent(w1, base + "/cp2_ulysses", "Flux, cp 2 over [text, image], Ulysses");
   run_world(2, base + "/cp2_ring_ac",
-            flux_run({"parallel.cp=2", "parallel.cp_attention=ring", "train.activation_checkpointing=full"}));
+            flux_run({"parallel.cp=2", "parallel.cp_attention=ring", "train.activation_checkpointing=full"}), {}, "flux");
   expect_equivalent(w1, base + "/cp2_ring_ac", "Flux, cp 2 over [text, image], ring, activation checkpointing");
   EXPECT_NE(read_file(base + "/cp2_ring_ac/log.txt").find("220 tokens per sample split over 2 ranks (110 per rank)"),
             std::string::npos);
   // 2 heads over 4 ranks: ring; 6 text and 49 image tokens per rank.
-  run_world(4, base + "/cp4_ring", flux_run({"parallel.cp=4"}));
+  run_world(4, base + "/cp4_ring", flux_run({"parallel.cp=4"}), {}, "flux");
   expect_equivalent(w1, base + "/cp4_ring", "Flux, cp 4 over [text, image], ring");
 }

@@ -48,15 +48,15 @@ TEST(DistVideo, ContextParallelVideoRunsMatchTheSingleProcessRunFor20Steps) {
   REQUIRE_DATA();
   const std::string base = scratch_dir("dist_video");
   const std::string w1 = base + "/world1";
-  run_world(1, w1, video_run({}));
-  run_world(2, base + "/cp2_ulysses", video_run({"parallel.cp=2", "parallel.cp_attention=ulysses"}));
+  run_world(1, w1, video_run({}), {}, "flux");
+  run_world(2, base + "/cp2_ulysses", video_run({"parallel.cp=2", "parallel.cp_attention=ulysses"}), {}, "flux");
   expect_equivalent(w1, base + "/cp2_ulysses", "video, cp 2, Ulysses");
-  run_world(2, base + "/cp2_ring", video_run({"parallel.cp=2", "parallel.cp_attention=ring"}));
+  run_world(2, base + "/cp2_ring", video_run({"parallel.cp=2", "parallel.cp_attention=ring"}), {}, "flux");
   expect_equivalent(w1, base + "/cp2_ring", "video, cp 2, ring");
-  run_world(4, base + "/cp4_ring", video_run({"parallel.cp=4", "parallel.cp_attention=ring"}));
+  run_world(4, base + "/cp4_ring", video_run({"parallel.cp=4", "parallel.cp_attention=ring"}), {}, "flux");
   expect_equivalent(w1, base + "/cp4_ring", "video, cp 4, ring");
   run_world(4, base + "/cp4_hybrid",
-            video_run({"parallel.cp=4", "parallel.cp_attention=hybrid", "parallel.cp_ulysses=2"}));
+            video_run({"parallel.cp=4", "parallel.cp_attention=hybrid", "parallel.cp_ulysses=2"}), {}, "flux");
   expect_equivalent(w1, base + "/cp4_hybrid", "video, cp 4 = Ulysses 2 x ring 2");
   const std::string log = read_file(base + "/cp4_hybrid/log.txt");
   EXPECT_NE(log.find("268 tokens per sample split over 4 ranks (67 per rank), hybrid attention (Ulysses over 2 "
@@ -66,7 +66,7 @@ TEST(DistVideo, ContextParallelVideoRunsMatchTheSingleProcessRunFor20Steps) {
   EXPECT_NE(log.find("cp 4 (ulysses 2 × ring 2)"), std::string::npos) << log;
   // Selective checkpointing: the recomputed attention repeats the ring's hops inside backward.
   run_world(2, base + "/cp2_ring_attention_ac",
-            video_run({"parallel.cp=2", "parallel.cp_attention=ring", "train.activation_checkpointing=attention"}));
+            video_run({"parallel.cp=2", "parallel.cp_attention=ring", "train.activation_checkpointing=attention"}), {}, "flux");
   expect_equivalent(w1, base + "/cp2_ring_attention_ac", "video, cp 2, ring, attention recomputed");
   EXPECT_NE(read_file(base + "/cp2_ring_attention_ac/log.txt")
                 .find("activation checkpointing: the attention sublayer of 2 of 2 blocks recomputed"),
@@ -77,8 +77,8 @@ TEST(DistVideo, CheckpointOfAContextParallelVideoRunResumesInOneProcess) {
   REQUIRE_DATA();
   const std::string base = scratch_dir("dist_video_resume");
   const std::string w1 = base + "/world1", moved = base + "/moved";
-  run_world(1, w1, video_run({}));
-  run_world(2, moved, video_run({"parallel.cp=2", "train.steps=10"}));  // 2 shards (dp_shard 1 × cp 2) on disk
-  run_world(1, moved, video_run({}));                                   // consolidated, resumed unsplit
+  run_world(1, w1, video_run({}), {}, "flux");
+  run_world(2, moved, video_run({"parallel.cp=2", "train.steps=10"}), {}, "flux");  // 2 shards (dp_shard 1 × cp 2) on disk
+  run_world(1, moved, video_run({}), {}, "flux");                                   // consolidated, resumed unsplit
   expect_equivalent(w1, moved, "video: 10 steps at cp 2, resumed for 10 in one process");
 }

@@ -5,6 +5,8 @@
 #include "trainer/family.h"
 #include "trainer/run_conditioning.h"
 #include "trainer/config/config.h"
+#include "trainer/families/dit/dit_config.h"
+#include "trainer/families/flux/flux_config.h"
 
 #include <gtest/gtest.h>
 
@@ -77,8 +79,8 @@ TEST(ConfigTest, ReadsEveryTypeFromFile) {
   EXPECT_EQ(c.run.name, "mnist");
   EXPECT_EQ(c.run.device, DeviceChoice::cpu);
   EXPECT_EQ(c.model.size, "tiny");
-  EXPECT_TRUE(c.model.learn_sigma);
-  EXPECT_EQ(c.model.class_dropout, 0.25);
+  EXPECT_TRUE(c.model.family<families::DiTConfig>().learn_sigma);
+  EXPECT_EQ(c.model.family<families::DiTConfig>().class_dropout, 0.25);
   EXPECT_EQ(c.optim.lr, 3e-4);
   EXPECT_EQ(c.optim.warmup_steps, 100);
   EXPECT_EQ(c.train.steps, 20);
@@ -92,10 +94,12 @@ TEST(ConfigTest, ReadsEveryTypeFromFile) {
 TEST(ConfigTest, AllKeysListsEverySettingInFileOrder) {
   const std::vector<std::string> expected = {
       "run.name", "run.out_dir", "run.seed", "run.device",
-      "model.arch", "model.size", "model.hidden", "model.depth", "model.heads", "model.depth_single",
-      "model.context_dim", "model.vec_dim", "model.axes_dim", "model.theta", "model.text_len", "model.text_dropout",
-      "model.text_encoder_layers", "model.text_encoder_heads", "model.vocab_size", "model.patch", "model.image_size",
-      "model.frames", "model.patch_t", "model.in_channels", "model.num_classes", "model.class_dropout", "model.learn_sigma", "model.mlp_ratio",
+      "model.arch", "model.size", "model.hidden", "model.depth", "model.heads", "model.mlp_ratio", "model.patch",
+      "model.image_size", "model.frames", "model.in_channels",
+      // The families' own keys, in registration order (dit, flux).
+      "model.num_classes", "model.class_dropout", "model.learn_sigma",
+      "model.depth_single", "model.context_dim", "model.vec_dim", "model.axes_dim", "model.theta", "model.text_len",
+      "model.text_dropout", "model.text_encoder_layers", "model.text_encoder_heads", "model.vocab_size", "model.patch_t",
       "flow.timesteps", "flow.logit_mean", "flow.logit_std", "flow.shift", "flow.resolution_shift",
       "data.source", "data.path", "data.batch_size", "data.workers", "data.prefetch", "data.shards",
       "data.shard_list", "data.shard_index", "data.streams", "data.image_member", "data.buckets", "data.video.frames", "data.video.fps",
@@ -283,7 +287,7 @@ TEST(ConfigTest, OverridesSetNumbersBoolsAndStrings) {
                                {"optim.lr=3e-4", "model.learn_sigma=true", "run.name=sweep-7", "train.steps=42",
                                 "flow.timesteps=uniform", "run.out_dir='runs/with space'"});
   EXPECT_EQ(c.optim.lr, 3e-4);
-  EXPECT_TRUE(c.model.learn_sigma);
+  EXPECT_TRUE(c.model.family<families::DiTConfig>().learn_sigma);
   EXPECT_EQ(c.run.name, "sweep-7");
   EXPECT_EQ(c.train.steps, 42);
   EXPECT_EQ(c.flow.timesteps, models::TimestepDistribution::Uniform);
@@ -314,6 +318,28 @@ TEST(ConfigTest, OverrideTypeAndRangeErrorsNameTheSet) {
             "--set model.learn_sigma=maybe: 'model.learn_sigma' must be true or false, got 'maybe'");
 }
 
+// A family's keys belong to the model section of configs of that family: set under another
+// family they would do nothing, so they are an error naming whose key it is — except at the
+// family's default, which resolved configs written before families had keys of their own carry.
+TEST(ConfigTest, AFamilysKeysBelongToConfigsOfThatFamily) {
+  EXPECT_EQ(parse_error("", {"model.text_len=7"}),
+            "--set model.text_len=7: 'model.text_len' is a key of model.arch flux; this config's model.arch is dit");
+  EXPECT_EQ(parse_error("model:\n  arch: flux\n  size: flux-tiny\n  num_classes: 10\n"),
+            "cfg.yaml:4: 'model.num_classes' is a key of model.arch dit; this config's model.arch is flux");
+  // model.arch decides, wherever it stands in the section and whether a file or --set gives it.
+  const Config flux = parse_config("model:\n  text_len: 7\n  size: flux-tiny\n", "cfg.yaml", {"model.arch=flux"});
+  EXPECT_EQ(flux.model.family<families::FluxConfig>().text_len, 7);
+  EXPECT_EQ(flux.model.family<families::DiTConfig>().num_classes, 1000);  // the DiT's section untouched
+  // At its family's default, a foreign key changes nothing and is accepted.
+  const Config dit = parse_config("model:\n  text_len: 512\n  patch_t: 1\n", "cfg.yaml");
+  EXPECT_TRUE(diff_keys(dit, Config{}).empty());
+  // A family key is range-checked like any other, and a typo finds it.
+  EXPECT_EQ(parse_error("", {"model.class_dropout=1"}),
+            "--set model.class_dropout=1: 'model.class_dropout' must be in [0, 1), got 1");
+  EXPECT_EQ(parse_error("", {"model.text_lne=7"}),
+            "--set model.text_lne=7: unknown key 'model.text_lne' (did you mean 'model.text_len'?)");
+}
+
 TEST(ConfigTest, MalformedOverride) {
   EXPECT_EQ(parse_error("", {"optim.lr"}), "--set optim.lr: malformed override, expected section.key=value");
   EXPECT_EQ(parse_error("", {"lr=0.1"}), "--set lr=0.1: malformed override, expected section.key=value");
@@ -324,34 +350,42 @@ TEST(ConfigTest, MalformedOverride) {
 // ------------------------------------------------------------------------------------------
 // to_yaml.
 
-// Every field set to something other than its default, so a key that to_yaml forgot (or wrote
-// but did not read back) shows up as a difference.
-Config everything_changed() {
+// Every field of a config of model.arch `arch` set to something other than its default, so a key
+// that to_yaml forgot (or wrote but did not read back) shows up as a difference. For dit, all
+// but model.arch and model.frames (a DiT is an image model); for flux, all but model.arch.
+Config everything_changed(const std::string& arch = "dit") {
   Config c;
   c.run = {"r2", "/tmp/out dir", 7, DeviceChoice::cpu};
-  c.model.size = "tiny";
+  c.model.arch = arch;
   c.model.hidden = 256;
   c.model.depth = 3;
   c.model.heads = 8;
   c.model.patch = 4;
   c.model.image_size = 28;
-  c.model.frames = 8;
-  c.model.patch_t = 2;
   c.model.in_channels = 1;
-  c.model.num_classes = 10;
-  c.model.class_dropout = 0.15;
-  c.model.learn_sigma = true;
   c.model.mlp_ratio = 2.5;
-  c.model.depth_single = 3;
-  c.model.context_dim = 48;
-  c.model.vec_dim = 24;
-  c.model.axes_dim = "8,4,4";
-  c.model.theta = 500;
-  c.model.text_len = 7;
-  c.model.text_dropout = 0.2;
-  c.model.text_encoder_layers = 3;
-  c.model.text_encoder_heads = 2;
-  c.model.vocab_size = 512;
+  if (arch == "dit") {
+    c.model.size = "tiny";
+    auto& dit = c.model.family<families::DiTConfig>();
+    dit.num_classes = 10;
+    dit.class_dropout = 0.15;
+    dit.learn_sigma = true;
+  } else {
+    c.model.size = "flux-tiny";
+    c.model.frames = 8;
+    auto& flux = c.model.family<families::FluxConfig>();
+    flux.patch_t = 2;
+    flux.depth_single = 3;
+    flux.context_dim = 48;
+    flux.vec_dim = 24;
+    flux.axes_dim = "8,12,12";
+    flux.theta = 500;
+    flux.text_len = 7;
+    flux.text_dropout = 0.2;
+    flux.text_encoder_layers = 3;
+    flux.text_encoder_heads = 2;
+    flux.vocab_size = 512;
+  }
   c.flow = {models::TimestepDistribution::Uniform, -0.3, 0.7, 3.0, true};
   c.data = {DataSource::synthetic, "", 96, 0, 2, {"/d/a-{0..3}.tar", "pipe:cat /d/b.tar"}, "/d/list.txt", "/d/index.json",
             8, ImageMember::latent, {"56x56", "48x64"}, 16, 4.0, 64, DamagePolicy::fail, 0.25, true, {"7", "9-11"}, 2, 5.5};
@@ -373,14 +407,23 @@ Config everything_changed() {
 }
 
 TEST(ConfigTest, ToYamlRoundTripsEveryField) {
-  for (const Config& c : {Config{}, everything_changed()}) {
+  for (const Config& c : {Config{}, everything_changed("dit"), everything_changed("flux")}) {
     const std::string text = to_yaml(c);
     const Config back = parse_config(text, "resolved.yaml");
     EXPECT_EQ(diff_keys(c, back), std::vector<std::string>{}) << text;
     EXPECT_EQ(to_yaml(back), text);
   }
-  // And every field of everything_changed() really differs from the defaults.
-  EXPECT_EQ(diff_keys(Config{}, everything_changed()).size(), all_keys().size() - 1);  // arch has one choice
+  // And every field of everything_changed() really differs from the defaults of its family.
+  for (const std::string arch : {"dit", "flux"}) {
+    Config defaults;
+    defaults.model.arch = arch;
+    const Config changed = everything_changed(arch);
+    EXPECT_EQ(diff_keys(defaults, changed).size(), keys_of(changed).size() - (arch == "dit" ? 2 : 1)) << arch;
+  }
+  // Between families, a key of one family only is a difference.
+  const std::vector<std::string> across = diff_keys(everything_changed("dit"), everything_changed("flux"));
+  EXPECT_NE(std::find(across.begin(), across.end(), "model.num_classes"), across.end());
+  EXPECT_NE(std::find(across.begin(), across.end(), "model.text_len"), across.end());
 }
 
 TEST(ConfigTest, ToYamlRoundTripsAwkwardValues) {
@@ -399,17 +442,27 @@ TEST(ConfigTest, ToYamlRoundTripsAwkwardValues) {
 
 TEST(ConfigTest, ToYamlWritesEveryKeyWithHelp) {
   const std::string text = to_yaml(Config{});
-  for (const auto& key : all_keys()) {
+  for (const auto& key : keys_of(Config{})) {
     const std::string name = key.substr(key.find('.') + 1);
     EXPECT_TRUE(Contains(text, "  " + name + ": ")) << key;
   }
+  // Of the model section, a config has its own family's keys and no other's.
+  EXPECT_TRUE(Contains(text, "  num_classes: 1000  # class labels (plus one null class)\n"));
+  EXPECT_FALSE(Contains(text, "  text_len: "));
+  Config flux;
+  flux.model.arch = "flux";
+  const std::string flux_text = to_yaml(flux);
+  EXPECT_TRUE(Contains(flux_text, "  text_len: 512  # text tokens per sample\n"));
+  EXPECT_FALSE(Contains(flux_text, "  num_classes: "));
   EXPECT_TRUE(Contains(text, "  lr: 1.0e-04  # peak learning rate\n"));
   EXPECT_TRUE(Contains(text, "# width; 0 = from size (resolves to 384)"));
 }
 
 TEST(ConfigTest, ToYamlOutputLoadsFromDisk) {
-  const std::string path = config_file(to_yaml(everything_changed()));
-  EXPECT_TRUE(diff_keys(load_config(path), everything_changed()).empty());
+  for (const std::string arch : {"dit", "flux"}) {
+    const std::string path = config_file(to_yaml(everything_changed(arch)));
+    EXPECT_TRUE(diff_keys(load_config(path), everything_changed(arch)).empty()) << arch;
+  }
 }
 
 // ------------------------------------------------------------------------------------------
@@ -660,8 +713,11 @@ TEST(ConfigTest, EveryShippedConfigLoadsAndValidates) {
 }
 
 // The README's config reference is the schema's own output: to_yaml of the defaults, as
-// `flowtrain config` prints it for an empty file. Regenerate the block with
+// `flowtrain config` prints it for an empty file, then each other family's model keys. Regenerate
+// the blocks with
 //   build/flowtrain config -c /dev/null | sed -e '/^#/d' -e '${/^$/d}'
+//   build/flowtrain config -c /dev/null --set model.arch=flux --set model.size=flux-tiny
+//   (the keys after model.in_channels)
 // when a key is added, renamed or re-documented.
 TEST(ConfigTest, TheReadmesConfigReferenceIsTheSchemasOutput) {
   const std::string readme = flowtrain::test::read_file(flowtrain::test::source_path("README.md"));
@@ -675,4 +731,23 @@ TEST(ConfigTest, TheReadmesConfigReferenceIsTheSchemasOutput) {
   std::string yaml = flowtrain::trainer::to_yaml(flowtrain::trainer::Config{});
   while (yaml.rfind("#", 0) == 0) yaml.erase(0, yaml.find('\n') + 1);  // its title comment: the README has its own
   EXPECT_EQ(readme.substr(begin + fence.size(), end - begin - fence.size()), yaml);
+
+  // Each other built-in family's own model keys, a block of their own after it, as `flowtrain
+  // config` prints them for a config of that family (model: arch: ARCH).
+  for (const std::string& arch : model_arch_names()) {
+    if (arch == Config{}.model.arch) continue;
+    Config c;
+    c.model.arch = arch;
+    const std::string resolved = to_yaml(c);
+    std::string expected = fence + "model:\n  arch: " + arch + "  # model family\n";
+    for (const auto& key : model_family(arch).keys) {
+      const size_t at = resolved.find("\n  " + key.name + ": ");
+      ASSERT_NE(at, std::string::npos) << key.name;
+      expected += resolved.substr(at + 1, resolved.find('\n', at + 1) - at);
+    }
+    expected += "```";
+    EXPECT_NE(readme.find(expected, end), std::string::npos)
+        << "README.md's config reference lacks, or has another, block of model.arch " << arch << "'s keys:\n"
+        << expected;
+  }
 }

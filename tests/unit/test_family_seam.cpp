@@ -114,6 +114,11 @@ class ToyModel : public models::DiffusionModel {
   ToyOptions o_;
 };
 
+// The toy's own key of the model section: model.classes.
+struct ToyConfig {
+  int64_t classes = 4;
+};
+
 ToyOptions toy_options(const trainer::ModelConfig& m) {
   ToyOptions o;
   o.channels = m.in_channels;
@@ -121,7 +126,7 @@ ToyOptions toy_options(const trainer::ModelConfig& m) {
   o.patch = m.patch;
   o.width = m.resolved_hidden();
   o.depth = m.resolved_depth();
-  o.classes = m.num_classes;
+  o.classes = m.family<ToyConfig>().classes;
   return o;
 }
 
@@ -134,14 +139,19 @@ trainer::FamilySpec toy_family() {
     return trainer::families::preset_from(
         size, "toy", [](const std::string&) { return trainer::ModelPreset{32, 2, 1}; }, {"toy-small"});
   };
-  spec.validate = trainer::families::check_patch_transformer;
+  spec.keys = trainer::family_keys<ToyConfig>()
+                  .add("classes", &ToyConfig::classes, trainer::at_least(1), "class labels of the toy")
+                  .keys;
+  spec.validate = [](const trainer::ModelConfig& m) { trainer::families::check_patch_transformer(m); };
   spec.build = [](const trainer::ModelConfig& m) { return std::make_shared<ToyModel>(toy_options(m)); };
   spec.cost = [](const trainer::ModelConfig& m) {
     const ToyModel model(toy_options(m));
     return trainer::ModelCost{models::count_parameters(model), 0, model.train_flops_per_sample(),
                               model.tokens_per_sample()};
   };
+  spec.image_tokens = [](const trainer::ModelConfig& m) { return ToyModel(toy_options(m)).tokens_per_sample(); };
   spec.class_conditioning = [](const at::Tensor& labels) { return Conditioning{{"labels", labels}}; };
+  spec.classes = [](const trainer::ModelConfig& m) { return m.family<ToyConfig>().classes; };
   spec.parallelize = trainer::parallelize_transformer;
   return spec;
 }
@@ -156,7 +166,7 @@ struct ToyRegistered {
 trainer::Config toy_config(const std::string& out_dir, int64_t steps) {
   return trainer::parse_config("", "toy.yaml",
                                {"model.arch=toy", "model.size=toy-small", "model.patch=4", "model.image_size=28",
-                                "model.in_channels=1", "model.num_classes=10", "data.source=synthetic",
+                                "model.in_channels=1", "model.classes=10", "data.source=synthetic",
                                 "data.batch_size=8", "data.workers=0", "train.steps=" + std::to_string(steps),
                                 "train.log_every=1", "train.threads=1", "train.tensorboard=false", "optim.lr=1e-3",
                                 "sample.every=0", "checkpoint.every=2", "checkpoint.async=false", "run.device=cpu",
@@ -177,8 +187,13 @@ TEST(FamilySeam, ARegisteredFamilyIsKnownToTheConfigAndRefusedTwice) {
   const ToyRegistered toy;
   const auto names = trainer::model_arch_names();
   EXPECT_NE(std::find(names.begin(), names.end(), "toy"), names.end());
-  // Its size is a valid model.size only through the registry (the schema asks it when checking).
-  EXPECT_EQ(toy_config(test::scratch_dir("toy_cfg"), 1).model.resolved_hidden(), 32);
+  // Its size is a valid model.size only through the registry (the schema asks it when checking),
+  // and its own key is a model key of toy configs, written by to_yaml and of no other family.
+  const trainer::Config c = toy_config(test::scratch_dir("toy_cfg"), 1);
+  EXPECT_EQ(c.model.resolved_hidden(), 32);
+  EXPECT_EQ(c.model.family<ToyConfig>().classes, 10);
+  EXPECT_NE(trainer::to_yaml(c).find("  classes: 10  # class labels of the toy\n"), std::string::npos);
+  EXPECT_THROW(trainer::parse_config("", "dit.yaml", {"model.classes=10"}), trainer::ConfigError);
   EXPECT_THROW(trainer::register_family(toy_family()), std::invalid_argument);
   trainer::FamilySpec half = toy_family();
   half.arch = "toy-without-conditioning";

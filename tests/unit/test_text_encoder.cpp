@@ -2,6 +2,7 @@
 // model around Flux (models/text/text_to_image.h).
 #include "models/flux/flux.h"
 #include "models/text/text_to_image.h"
+#include "trainer/families/flux/flux_config.h"
 #include "trainer/family.h"
 #include "test_util.h"
 
@@ -58,10 +59,11 @@ std::shared_ptr<TextToImageImpl> small_text_to_image() {
   m.in_channels = 3;
   m.image_size = 8;
   m.patch = 2;
-  m.text_len = 8;
-  m.text_encoder_layers = 1;
-  m.text_encoder_heads = 2;
-  m.vocab_size = 20;
+  auto& flux = m.family<trainer::families::FluxConfig>();
+  flux.text_len = 8;
+  flux.text_encoder_layers = 1;
+  flux.text_encoder_heads = 2;
+  flux.vocab_size = 20;
   at::manual_seed(0);
   return std::dynamic_pointer_cast<TextToImageImpl>(trainer::build_model(m));
 }
@@ -86,7 +88,7 @@ TEST(TextToImage, UnitsCoverEveryParameterOnceAndPartsSplitTheKeys) {
   bare.in_channels = 3;
   bare.image_size = 8;
   bare.patch = 2;
-  bare.text_len = 8;
+  bare.family<trainer::families::FluxConfig>().text_len = 8;
   std::set<std::string> flux_names, part;
   for (const auto& item : trainer::build_model(bare)->named_parameters()) flux_names.insert(item.key());
   const std::string transformer = TextToImageImpl::kTransformerPrefix;

@@ -3,6 +3,7 @@
 // emitted, or emitted but not validated.
 #include "trainer/config/config.h"
 #include "trainer/config/resolve.h"
+#include "trainer/config/schema.h"
 
 #include "models/fp8/recipe.h"
 #include "trainer/health/batch_ordinals.h"
@@ -97,51 +98,43 @@ std::string format_double(double v) {
 
 std::string format_int(int64_t v) { return std::to_string(v); }
 
+}  // namespace
+
 // ---------------------------------------------------------------------------------------------
-// Allowed values of a key. Numeric bounds apply to int and real keys, choices/non_empty to
-// strings. describe() is the text used in every error message about the key.
+// Allowed values of a key (schema.h).
 
-struct Allowed {
-  std::optional<double> lo, hi;
-  bool lo_open = false, hi_open = false;
-  std::vector<std::string> choices;  // empty = any string
-  // Choices known only when asked (the registered model families: a test may add one).
-  std::function<std::vector<std::string>()> choices_now;
-  bool non_empty = false;
+std::string Allowed::describe() const {
+  if (choices_now) return "one of " + join(choices_now(), "|");
+  if (!choices.empty()) return "one of " + join(choices, "|");
+  if (non_empty) return "a non-empty string";
+  auto num = [](double v) {
+    // Bounds are whole numbers or simple fractions; print 0 rather than 0.0.
+    if (v == std::floor(v) && std::fabs(v) < 1e15) return format_int(static_cast<int64_t>(v));
+    return format_double(v);
+  };
+  if (lo && hi)
+    return std::string("in ") + (lo_open ? "(" : "[") + num(*lo) + ", " + num(*hi) + (hi_open ? ")" : "]");
+  if (lo) return std::string(lo_open ? "> " : ">= ") + num(*lo);
+  if (hi) return std::string(hi_open ? "< " : "<= ") + num(*hi);
+  return "";
+}
 
-  std::string describe() const {
-    if (choices_now) return "one of " + join(choices_now(), "|");
-    if (!choices.empty()) return "one of " + join(choices, "|");
-    if (non_empty) return "a non-empty string";
-    auto num = [](double v) {
-      // Bounds are whole numbers or simple fractions; print 0 rather than 0.0.
-      if (v == std::floor(v) && std::fabs(v) < 1e15) return format_int(static_cast<int64_t>(v));
-      return format_double(v);
-    };
-    if (lo && hi)
-      return std::string("in ") + (lo_open ? "(" : "[") + num(*lo) + ", " + num(*hi) + (hi_open ? ")" : "]");
-    if (lo) return std::string(lo_open ? "> " : ">= ") + num(*lo);
-    if (hi) return std::string(hi_open ? "< " : "<= ") + num(*hi);
-    return "";
+bool Allowed::admits(double v) const {
+  if (lo && (lo_open ? !(v > *lo) : !(v >= *lo))) return false;
+  if (hi && (hi_open ? !(v < *hi) : !(v <= *hi))) return false;
+  return true;
+}
+
+bool Allowed::admits(const std::string& v) const {
+  if (non_empty && v.empty()) return false;
+  if (choices_now) {
+    const std::vector<std::string> now = choices_now();
+    return std::find(now.begin(), now.end(), v) != now.end();
   }
+  return choices.empty() || std::find(choices.begin(), choices.end(), v) != choices.end();
+}
 
-  bool admits(double v) const {
-    if (lo && (lo_open ? !(v > *lo) : !(v >= *lo))) return false;
-    if (hi && (hi_open ? !(v < *hi) : !(v <= *hi))) return false;
-    return true;
-  }
-
-  bool admits(const std::string& v) const {
-    if (non_empty && v.empty()) return false;
-    if (choices_now) {
-      const std::vector<std::string> now = choices_now();
-      return std::find(now.begin(), now.end(), v) != now.end();
-    }
-    return choices.empty() || std::find(choices.begin(), choices.end(), v) != choices.end();
-  }
-};
-
-Allowed any() { return {}; }
+Allowed any_value() { return {}; }
 Allowed at_least(double lo) {
   Allowed a;
   a.lo = lo;
@@ -153,7 +146,6 @@ Allowed above(double lo) {
   a.lo_open = true;
   return a;
 }
-// Interval with explicit bracket kinds: range("[)", 0, 1) is [0, 1).
 Allowed range(const char* brackets, double lo, double hi) {
   Allowed a;
   a.lo = lo;
@@ -178,18 +170,10 @@ Allowed non_empty() {
   return a;
 }
 
+namespace {
+
 // ---------------------------------------------------------------------------------------------
 // The schema.
-
-using StringList = std::vector<std::string>;
-// An enum member seen through its words (config.h enum_words): read and written as an index.
-struct EnumRef {
-  const std::vector<std::string>* words = nullptr;
-  std::function<size_t()> get;
-  std::function<void(size_t)> set;
-  const std::string& word() const { return words->at(get()); }
-};
-using Ref = std::variant<int64_t*, double*, bool*, std::string*, StringList*, EnumRef>;
 
 // One visitor from several lambdas: the Ref kinds that are pointers, and EnumRef.
 template <class... Fs>
@@ -199,61 +183,48 @@ struct Overloaded : Fs... {
 template <class... Fs>
 Overloaded(Fs...) -> Overloaded<Fs...>;
 
+// One key of the config with its section: the section's own, or a model family's.
 struct Field {
   std::string section;
-  std::string name;
-  Allowed allowed;
-  std::string help;
-  std::function<Ref(Config&)> at;  // the member this key maps to
+  Key<Config> key;
 
-  std::string dotted() const { return section + "." + name; }
+  const std::string& name() const { return key.name; }
+  std::string dotted() const { return section + "." + key.name; }
+  Ref at(Config& c) const { return key.at(c); }
   // Read-only access; the accessor is shared with the writers, so it takes a mutable Config.
-  Ref at_const(const Config& c) const { return at(const_cast<Config&>(c)); }
+  Ref at_const(const Config& c) const { return key.at(const_cast<Config&>(c)); }
 };
 
+// A section's own keys. The model section also has the keys of the family model.arch names
+// (FamilySpec::keys): fields_of() below puts them together.
 struct Section {
   std::string name;
-  std::vector<Field> fields;
+  std::vector<Key<Config>> keys;
 
-  const Field* find(const std::string& key) const {
-    for (const auto& f : fields)
-      if (f.name == key) return &f;
+  const Key<Config>* find(const std::string& key) const {
+    for (const auto& k : keys)
+      if (k.name == key) return &k;
     return nullptr;
   }
 };
 
-// Adds keys of one section without repeating the section's member pointer on every line.
+// The keys of one section struct S of Config.
 template <class S>
 struct SectionBuilder {
-  S Config::*member;
-  Section section;
+  std::string name;
+  KeyList<Config, S> list;
 
-  template <class T>
-  SectionBuilder& add(const char* name, T S::*field, Allowed allowed, const char* help) {
-    static_assert(std::is_same_v<T, int64_t> || std::is_same_v<T, double> || std::is_same_v<T, bool> ||
-                  std::is_same_v<T, std::string> || std::is_same_v<T, StringList>);
-    auto sec = member;
-    section.fields.push_back(
-        Field{section.name, name, std::move(allowed), help, [sec, field](Config& c) -> Ref { return &(c.*sec.*field); }});
+  template <class... A>
+  SectionBuilder& add(A&&... a) {
+    list.add(std::forward<A>(a)...);
     return *this;
   }
-
-  // A key of fixed words: the enum's (enum_words), parsed here once.
-  template <class E, std::enable_if_t<std::is_enum_v<E>, int> = 0>
-  SectionBuilder& add(const char* name, E S::*field, const char* help) {
-    auto sec = member;
-    section.fields.push_back(Field{section.name, name, one_of(enum_words<E>()), help, [sec, field](Config& c) -> Ref {
-                                     E* value = &(c.*sec.*field);
-                                     return EnumRef{&enum_words<E>(), [value] { return static_cast<size_t>(*value); },
-                                                    [value](size_t i) { *value = static_cast<E>(i); }};
-                                   }});
-    return *this;
-  }
+  Section section() const { return Section{name, list.keys}; }
 };
 
 template <class S>
 SectionBuilder<S> section(const char* name, S Config::*member) {
-  return SectionBuilder<S>{member, Section{name, {}}};
+  return SectionBuilder<S>{name, KeyList<Config, S>([member](Config& c) -> S& { return c.*member; })};
 }
 
 std::vector<Section> build_schema() {
@@ -265,69 +236,47 @@ std::vector<Section> build_schema() {
                   .add("seed", &RunConfig::seed, at_least(0), "seed for init, noise and data order")
                   .add("device", &RunConfig::device,
                        "auto = cuda when a GPU is present")
-                  .section);
+                  .section());
 
+  // The keys every family has; each family adds its own (FamilySpec::keys, trainer/families/).
   s.push_back(section("model", &Config::model)
                   .add("arch", &ModelConfig::arch, one_of_registered(model_arch_names), "model family")
                   .add("size", &ModelConfig::size, one_of_registered(model_size_names), "preset for hidden/depth/heads")
                   .add("hidden", &ModelConfig::hidden, at_least(0), "width; 0 = from size")
                   .add("depth", &ModelConfig::depth, at_least(0), "transformer blocks (flux: double-stream); 0 = from size")
                   .add("heads", &ModelConfig::heads, at_least(0), "attention heads; 0 = from size")
-                  .add("depth_single", &ModelConfig::depth_single, at_least(0),
-                       "flux: single-stream blocks; 0 = from size")
-                  .add("context_dim", &ModelConfig::context_dim, at_least(0),
-                       "flux: text token embedding width; 0 = from size")
-                  .add("vec_dim", &ModelConfig::vec_dim, at_least(0), "flux: pooled text vector width; 0 = from size")
-                  .add("axes_dim", &ModelConfig::axes_dim, any(),
-                       "flux: RoPE channels per id axis, e.g. 16,56,56; empty = from size")
-                  .add("theta", &ModelConfig::theta, above(0), "flux: RoPE base")
-                  .add("text_len", &ModelConfig::text_len, at_least(1), "flux: text tokens per sample")
-                  .add("text_dropout", &ModelConfig::text_dropout, range("[)", 0, 1),
-                       "flux: probability each text input is zeroed in training (classifier-free guidance)")
-                  .add("text_encoder_layers", &ModelConfig::text_encoder_layers, at_least(0),
-                       "flux: layers of the built-in text encoder (trained jointly, reads captions); 0 = precomputed "
-                       "text embeddings from the data set")
-                  .add("text_encoder_heads", &ModelConfig::text_encoder_heads, at_least(1),
-                       "flux: attention heads of the built-in text encoder (must divide context_dim)")
-                  .add("vocab_size", &ModelConfig::vocab_size, at_least(4),
-                       "flux: token ids of the built-in text encoder (>= the data set tokenizer's pieces)")
+                  .add("mlp_ratio", &ModelConfig::mlp_ratio, above(0), "MLP width / hidden")
                   .add("patch", &ModelConfig::patch, at_least(1), "patch side; must divide image_size")
                   .add("image_size", &ModelConfig::image_size, at_least(1), "input side (pixels or latent cells)")
                   .add("frames", &ModelConfig::frames, at_least(1),
-                       "flux: latent frames per sample; > 1 trains a video model on clips [C, T, H, W] (3-D ids)")
-                  .add("patch_t", &ModelConfig::patch_t, at_least(1), "flux video: frames per token; must divide frames")
+                       "frames per sample; > 1 trains a video model on clips [C, T, H, W]")
                   .add("in_channels", &ModelConfig::in_channels, at_least(1), "input channels")
-                  .add("num_classes", &ModelConfig::num_classes, at_least(1), "class labels (plus one null class)")
-                  .add("class_dropout", &ModelConfig::class_dropout, range("[)", 0, 1),
-                       "probability a label is replaced by the null class")
-                  .add("learn_sigma", &ModelConfig::learn_sigma, any(), "output 2*C channels like the original DiT")
-                  .add("mlp_ratio", &ModelConfig::mlp_ratio, above(0), "MLP width / hidden")
-                  .section);
+                  .section());
 
   s.push_back(section("flow", &Config::flow)
                   .add("timesteps", &FlowConfig::timesteps,
                        "training timestep distribution")
-                  .add("logit_mean", &FlowConfig::logit_mean, any(), "logit_normal mean")
+                  .add("logit_mean", &FlowConfig::logit_mean, any_value(), "logit_normal mean")
                   .add("logit_std", &FlowConfig::logit_std, above(0), "logit_normal std")
                   .add("shift", &FlowConfig::shift, above(0), "resolution shift alpha; 1 = none")
-                  .add("resolution_shift", &FlowConfig::resolution_shift, any(),
+                  .add("resolution_shift", &FlowConfig::resolution_shift, any_value(),
                        "Flux's shift: alpha = exp(mu), mu linear in image tokens through (256, 0.5) and (4096, "
                        "1.15); replaces flow.shift")
-                  .section);
+                  .section());
 
   s.push_back(section("data", &Config::data)
                   .add("source", &DataConfig::source,
                        "dataset kind (compositions: `flowtrain data make-compositions`; shards: WebDataset tars, "
                        "`flowtrain data pack`)")
-                  .add("path", &DataConfig::path, any(), "dataset directory")
+                  .add("path", &DataConfig::path, any_value(), "dataset directory")
                   .add("batch_size", &DataConfig::batch_size, at_least(1), "global batch (all ranks, all micro-batches)")
                   .add("workers", &DataConfig::workers, at_least(0), "loader threads; 0 = load in the training thread")
                   .add("prefetch", &DataConfig::prefetch, at_least(1), "queued batches")
-                  .add("shards", &DataConfig::shards, any(),
+                  .add("shards", &DataConfig::shards, any_value(),
                        "shards: WebDataset tar entries, brace patterns (train-{000000..000099}.tar): local paths, "
                        "http(s):// URLs or pipe:COMMAND")
-                  .add("shard_list", &DataConfig::shard_list, any(), "shards: a file of further entries, one a line")
-                  .add("shard_index", &DataConfig::shard_index, any(),
+                  .add("shard_list", &DataConfig::shard_list, any_value(), "shards: a file of further entries, one a line")
+                  .add("shard_index", &DataConfig::shard_index, any_value(),
                        "shards: index.json with sample counts (default: index.json beside local shards; shards "
                        "without one are counted by reading them)")
                   .add("streams", &DataConfig::streams, at_least(0),
@@ -335,7 +284,7 @@ std::vector<Section> build_schema() {
                        "auto (min(shards, 4 x ranks x workers))")
                   .add("image_member", &DataConfig::image_member,
                        "shards: the model's input: a decoded .png/.jpg, or .latent.safetensors (tensor 'latent')")
-                  .add("buckets", &DataConfig::buckets, any(),
+                  .add("buckets", &DataConfig::buckets, any_value(),
                        "shards: aspect-ratio buckets as HxW (pixels, or latent cells), e.g. [56x56, 48x64, 64x48]; "
                        "each batch is of one; images are scaled and centre-cropped to the nearest; flux only")
                   .add("video.frames", &DataConfig::video_frames, at_least(0),
@@ -347,14 +296,14 @@ std::vector<Section> build_schema() {
                        "shards: a damaged sample is skipped and counted, or stops the run")
                   .add("max_skip_fraction", &DataConfig::max_skip_fraction, range("[]", 0, 1),
                        "shards: stop when more than this fraction of samples was damaged")
-                  .add("record_keys", &DataConfig::record_keys, any(),
+                  .add("record_keys", &DataConfig::record_keys, any_value(),
                        "shards: append each rank's sample keys to <out_dir>/data/keys-rank-RRRRR.txt")
-                  .add("skip_batches", &DataConfig::skip_batches, any(),
+                  .add("skip_batches", &DataConfig::skip_batches, any_value(),
                        "batches of the data order to discard, by ordinal (1 = first drawn): 'N' or 'A-B'")
                   .add("fetch_retries", &DataConfig::fetch_retries, at_least(0), "shards: http retries with backoff")
                   .add("fetch_timeout_s", &DataConfig::fetch_timeout_s, above(0),
                        "shards: http connect timeout, and the stall limit (below 1 byte/s)")
-                  .section);
+                  .section());
 
   s.push_back(section("optim", &Config::optim)
                   .add("lr", &OptimConfig::lr, range("(]", 0, 1), "peak learning rate")
@@ -366,7 +315,7 @@ std::vector<Section> build_schema() {
                   .add("schedule", &OptimConfig::schedule, "lr schedule after warmup")
                   .add("min_lr_ratio", &OptimConfig::min_lr_ratio, range("[]", 0, 1), "cosine decays to lr*min_lr_ratio")
                   .add("grad_clip", &OptimConfig::grad_clip, at_least(0), "global-norm clip; 0 = off")
-                  .section);
+                  .section());
 
   s.push_back(section("train", &Config::train)
                   .add("steps", &TrainConfig::steps, at_least(1), "optimizer steps")
@@ -374,20 +323,20 @@ std::vector<Section> build_schema() {
                   .add("precision", &TrainConfig::precision,
                        "bf16 = autocast, fp32 master weights")
                   .add("ema_decay", &TrainConfig::ema_decay, range("[)", 0, 1), "0 = no EMA")
-                  .add("ema_warmup", &TrainConfig::ema_warmup, any(), "decay min(ema_decay, (1+n)/(10+n)) at step n")
+                  .add("ema_warmup", &TrainConfig::ema_warmup, any_value(), "decay min(ema_decay, (1+n)/(10+n)) at step n")
                   .add("log_every", &TrainConfig::log_every, at_least(1), "steps between log lines")
                   .add("threads", &TrainConfig::threads, at_least(0), "intra-op CPU threads; 0 = all cores")
-                  .add("tensorboard", &TrainConfig::tensorboard, any(), "also write TensorBoard events to tb/")
+                  .add("tensorboard", &TrainConfig::tensorboard, any_value(), "also write TensorBoard events to tb/")
                   .add("activation_checkpointing", &TrainConfig::activation_checkpointing,
                        "full = recompute block activations in backward (less memory, ~1/3 more compute); "
                        "attention | mlp = recompute only that sublayer of each block")
                   .add("activation_checkpointing_every", &TrainConfig::activation_checkpointing_every, at_least(1),
                        "checkpoint every k-th block (1 = all)")
-                  .add("tf32", &TrainConfig::tf32, any(),
+                  .add("tf32", &TrainConfig::tf32, any_value(),
                        "CUDA: fp32 matmuls on TF32 tensor cores (10-bit mantissa products, fp32 accumulation)")
-                  .add("init_from", &TrainConfig::init_from, any(),
+                  .add("init_from", &TrainConfig::init_from, any_value(),
                        "initial weights (safetensors, reference key names) when starting from scratch; '' = none")
-                  .section);
+                  .section());
 
   s.push_back(section("fp8", &Config::fp8)
                   .add("recipe", &Fp8Config::recipe,
@@ -395,20 +344,20 @@ std::vector<Section> build_schema() {
                        "(per-row power-of-two scales), rowwise_gw_hp (weight grad in bf16), delayed (scales from an "
                        "amax history), mxfp8 (1x32 blocks, e8m0 scales, OCP's floor exponent), mxfp8_rceil (mxfp8 with "
                        "scales rounded up: nothing saturates)")
-                  .add("emulate", &Fp8Config::emulate, any(),
+                  .add("emulate", &Fp8Config::emulate, any_value(),
                        "quantise, dequantise and multiply in fp32 (same numerics, no fp8 hardware); implied on the CPU")
-                  .add("include", &Fp8Config::include, any(),
+                  .add("include", &Fp8Config::include, any_value(),
                        "module-name globs of linears to convert ('*' crosses dots); empty = the model's "
                        "transformer blocks")
-                  .add("exclude", &Fp8Config::exclude, any(), "module-name globs kept in high precision")
+                  .add("exclude", &Fp8Config::exclude, any_value(), "module-name globs kept in high precision")
                   .add("min_dim", &Fp8Config::min_dim, at_least(1), "linears with fewer in or out features stay high precision")
                   .add("amax_history_len", &Fp8Config::amax_history_len, at_least(1), "delayed: steps of amax history")
                   .add("amax_reduce", &Fp8Config::amax_reduce,
                        "delayed: the history's max, or its newest entry")
-                  .add("all_gather", &Fp8Config::all_gather, any(),
+                  .add("all_gather", &Fp8Config::all_gather, any_value(),
                        "tensorwise under FSDP: all-gather the converted weights as e4m3 bytes with one scale each "
                        "(a quarter of fp32's traffic, half of bf16's) instead of gathering, then casting")
-                  .section);
+                  .section());
 
   s.push_back(section("sample", &Config::sample)
                   .add("every", &SampleConfig::every, at_least(0), "steps between sample grids; 0 = off")
@@ -417,17 +366,17 @@ std::vector<Section> build_schema() {
                   .add("sampler", &SampleConfig::sampler, "ODE solver")
                   .add("cfg_scale", &SampleConfig::cfg_scale, at_least(0), "classifier-free guidance; 1 = none")
                   .add("seed", &SampleConfig::seed, at_least(0), "sampling noise seed")
-                  .section);
+                  .section());
 
   s.push_back(section("checkpoint", &Config::checkpoint)
                   .add("every", &CheckpointConfig::every, at_least(0), "steps between checkpoints; 0 = final only")
                   .add("keep", &CheckpointConfig::keep, at_least(0), "newest checkpoints kept; 0 = all")
                   .add("resume", &CheckpointConfig::resume, non_empty(), "auto | never | checkpoint directory")
-                  .add("async", &CheckpointConfig::async, any(),
+                  .add("async", &CheckpointConfig::async, any_value(),
                        "persist in the background; training waits only for the copy to host buffers")
                   .add("on_error", &CheckpointConfig::on_error,
                        "a failed save: stop training, or warn and retry at the next interval")
-                  .section);
+                  .section());
 
   s.push_back(section("eval", &Config::eval)
                   .add("every", &EvalConfig::every, at_least(0), "steps between quality evaluations; 0 = off")
@@ -436,17 +385,17 @@ std::vector<Section> build_schema() {
                   .add("sampler", &EvalConfig::sampler, "ODE solver")
                   .add("cfg_scale", &EvalConfig::cfg_scale, at_least(0), "classifier-free guidance; 1 = none")
                   .add("seed", &EvalConfig::seed, at_least(0), "sampling noise seed")
-                  .add("classifier_dir", &EvalConfig::classifier_dir, any(),
+                  .add("classifier_dir", &EvalConfig::classifier_dir, any_value(),
                        "classifier cache; empty = $FLOWTRAIN_DEPS/classifiers")
-                  .section);
+                  .section());
 
   s.push_back(section("profile", &Config::profile)
-                  .add("enabled", &ProfileConfig::enabled, any(), "write a Kineto trace of a few steps")
+                  .add("enabled", &ProfileConfig::enabled, any_value(), "write a Kineto trace of a few steps")
                   .add("start_step", &ProfileConfig::start_step, at_least(1), "first profiled step")
                   .add("num_steps", &ProfileConfig::num_steps, at_least(1), "profiled steps")
-                  .add("record_shapes", &ProfileConfig::record_shapes, any(), "record operator input shapes")
-                  .add("memory", &ProfileConfig::memory, any(), "record allocations")
-                  .section);
+                  .add("record_shapes", &ProfileConfig::record_shapes, any_value(), "record operator input shapes")
+                  .add("memory", &ProfileConfig::memory, any_value(), "record allocations")
+                  .section());
 
   s.push_back(section("parallel", &Config::parallel)
                   .add("dp_replicate", &ParallelConfig::dp_replicate, at_least(1), "HSDP replicas (usually nodes)")
@@ -460,18 +409,18 @@ std::vector<Section> build_schema() {
                        "with cp_attention hybrid: the Ulysses degree (divides cp; ring degree = cp / cp_ulysses)")
                   .add("fsdp", &ParallelConfig::fsdp,
                        "auto = shard when world > 1; on = also at world 1")
-                  .add("reshard_after_forward", &ParallelConfig::reshard_after_forward, any(),
+                  .add("reshard_after_forward", &ParallelConfig::reshard_after_forward, any_value(),
                        "free gathered weights after forward, re-gather in backward")
-                  .add("prefetch", &ParallelConfig::prefetch, any(), "gather the next unit while one computes")
+                  .add("prefetch", &ParallelConfig::prefetch, any_value(), "gather the next unit while one computes")
                   .add("reduce_dtype", &ParallelConfig::reduce_dtype,
                        "gradient reduce-scatter precision")
-                  .add("reduce_every_micro_batch", &ParallelConfig::reduce_every_micro_batch, any(),
+                  .add("reduce_every_micro_batch", &ParallelConfig::reduce_every_micro_batch, any_value(),
                        "with grad_accum > 1: reduce each micro-batch (less memory) or only the last")
                   .add("backend", &ParallelConfig::backend,
                        "auto = nccl on cuda, gloo on cpu")
                   .add("timeout_s", &ParallelConfig::timeout_s, above(0),
                        "rendezvous/collective timeout; a dead peer ends the job by then")
-                  .section);
+                  .section());
 
   s.push_back(section("health", &Config::health)
                   .add("nonfinite", &HealthConfig::nonfinite,
@@ -499,14 +448,14 @@ std::vector<Section> build_schema() {
                        "... for this many log intervals in a row warns")
                   .add("telemetry_every", &HealthConfig::telemetry_every, at_least(0),
                        "steps between per-block gradient norms and update/weight ratios in metrics; 0 = off")
-                  .section);
+                  .section());
 
   s.push_back(section("debug", &Config::debug)
-                  .add("allow_inject", &DebugConfig::allow_inject, any(), "permit debug.inject.* (tests and drills)")
+                  .add("allow_inject", &DebugConfig::allow_inject, any_value(), "permit debug.inject.* (tests and drills)")
                   .add("inject.nan_grad_step", &DebugConfig::nan_grad_step, at_least(0),
                        "put a NaN in one gradient at this step; 0 = off")
                   .add("inject.nan_grad_rank", &DebugConfig::nan_grad_rank, at_least(0), "the rank whose gradient")
-                  .add("inject.nan_grad_param", &DebugConfig::nan_grad_param, any(),
+                  .add("inject.nan_grad_param", &DebugConfig::nan_grad_param, any_value(),
                        "the parameter; empty = the first attention qkv weight")
                   .add("inject.spike_step", &DebugConfig::spike_step, at_least(0),
                        "scale this step's loss by spike_factor; 0 = off")
@@ -522,10 +471,10 @@ std::vector<Section> build_schema() {
                        "host memory kept and touched every step (MiB)")
                   .add("inject.reduction", &DebugConfig::reduction,
                        "reduce FSDP gradients wrongly on purpose (tests of the equivalence checks)")
-                  .add("inject.checkpoint_pause", &DebugConfig::checkpoint_pause, any(),
+                  .add("inject.checkpoint_pause", &DebugConfig::checkpoint_pause, any_value(),
                        "STEP:SECONDS[:torn]: pause after the first file of that step's checkpoint (torn: cut it "
                        "to half first); empty = off")
-                  .section);
+                  .section());
   return s;
 }
 
@@ -544,6 +493,63 @@ std::vector<std::string> section_names() {
   std::vector<std::string> names;
   for (const auto& s : schema()) names.push_back(s.name);
   return names;
+}
+
+// A family's keys as keys of the Config (they live in its model section).
+std::vector<Key<Config>> family_config_keys(const FamilySpec& family) {
+  std::vector<Key<Config>> keys;
+  for (const auto& k : family.keys)
+    keys.push_back(Key<Config>{k.name, k.allowed, k.help, [at = k.at](Config& c) { return at(c.model); }});
+  return keys;
+}
+
+// Every key `config` has, in file order: each section's own and, closing the model section, the
+// keys of the family its model.arch names.
+std::vector<Field> fields_of(const Config& config) {
+  std::vector<Field> fields;
+  for (const auto& s : schema()) {
+    for (const auto& k : s.keys) fields.push_back(Field{s.name, k});
+    if (s.name == "model")
+      for (auto& k : family_config_keys(model_family(config.model.arch))) fields.push_back(Field{s.name, std::move(k)});
+  }
+  return fields;
+}
+
+// The key of `section` named `key` for a config whose model.arch is `arch`; nullptr when it has none.
+std::optional<Field> find_field(const Section& section, const std::string& key, const std::string& arch) {
+  if (const Key<Config>* k = section.find(key)) return Field{section.name, *k};
+  if (section.name != "model") return std::nullopt;
+  for (auto& k : family_config_keys(model_family(arch)))
+    if (k.name == key) return Field{section.name, std::move(k)};
+  return std::nullopt;
+}
+
+// The registered families that have model key `key`.
+std::vector<std::string> families_with_key(const std::string& key) {
+  return arch_names_where([&](const FamilySpec& f) {
+    return std::any_of(f.keys.begin(), f.keys.end(), [&](const auto& k) { return k.name == key; });
+  });
+}
+
+// A section's key names for messages: the model section's own and every family's.
+std::vector<std::string> key_names(const Section& s) {
+  std::vector<std::string> names;
+  for (const auto& k : s.keys) names.push_back(k.name);
+  if (s.name == "model")
+    for (const auto& arch : model_arch_names())
+      for (const auto& k : model_family(arch).keys)
+        if (std::find(names.begin(), names.end(), k.name) == names.end()) names.push_back(k.name);
+  return names;
+}
+
+bool same_value(const Ref& a, const Ref& b) {
+  if (a.index() != b.index()) return false;
+  return std::visit(Overloaded{[&](const EnumRef& ea) { return ea.get() == std::get<EnumRef>(b).get(); },
+                               [&](auto* pa) {
+                                 using P = decltype(pa);
+                                 return *pa == *std::get<P>(b);
+                               }},
+                    a);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -595,12 +601,13 @@ std::string unknown_key_message(const std::string& section, const std::string& k
   const std::string dotted = section + "." + key;
   std::string msg = "unknown key '" + dotted + "'";
   // The key exists in another section: almost certainly a misplaced key, not a typo.
-  for (const auto& s : schema())
-    if (s.find(key)) return msg + " (did you mean '" + s.name + "." + key + "'?)";
+  for (const auto& s : schema()) {
+    const std::vector<std::string> names = key_names(s);
+    if (std::find(names.begin(), names.end(), key) != names.end())
+      return msg + " (did you mean '" + s.name + "." + key + "'?)";
+  }
   if (auto hint = nearest(dotted, all_keys())) return msg + " (did you mean '" + *hint + "'?)";
-  std::vector<std::string> keys;
-  for (const auto& f : find_section(section)->fields) keys.push_back(f.name);
-  return msg + " (keys in '" + section + "': " + join(keys, ", ") + ")";
+  return msg + " (keys in '" + section + "': " + join(key_names(*find_section(section)), ", ") + ")";
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -646,7 +653,8 @@ std::string at_mark(const std::string& origin, const YAML::Mark& mark) {
 // Converts one YAML value into the field, checking type and allowed values.
 void assign(const Field& f, const YAML::Node& value, Config& config, const std::string& where) {
   const std::string key = "'" + f.dotted() + "'";
-  const std::string allowed = f.allowed.describe();
+  const Allowed& admitted = f.key.allowed;
+  const std::string allowed = admitted.describe();
   const bool scalar = value.IsScalar();
   const std::string text = scalar ? value.Scalar() : "";
 
@@ -662,12 +670,12 @@ void assign(const Field& f, const YAML::Node& value, Config& config, const std::
         if constexpr (std::is_same_v<T, int64_t>) {
           auto v = scalar ? parse_int(text) : std::nullopt;
           if (!v) fail(where, key + " must be an integer" + (allowed.empty() ? "" : " " + allowed) + ", got " + node_kind(value));
-          if (!f.allowed.admits(static_cast<double>(*v))) fail(where, key + " must be " + allowed + ", got " + text);
+          if (!admitted.admits(static_cast<double>(*v))) fail(where, key + " must be " + allowed + ", got " + text);
           *member = *v;
         } else if constexpr (std::is_same_v<T, double>) {
           auto v = scalar ? parse_real(text) : std::nullopt;
           if (!v) fail(where, key + " must be a number" + (allowed.empty() ? "" : " " + allowed) + ", got " + node_kind(value));
-          if (!f.allowed.admits(*v)) fail(where, key + " must be " + allowed + ", got " + text);
+          if (!admitted.admits(*v)) fail(where, key + " must be " + allowed + ", got " + text);
           *member = *v;
         } else if constexpr (std::is_same_v<T, bool>) {
           if (scalar && text == "true") *member = true;
@@ -687,11 +695,11 @@ void assign(const Field& f, const YAML::Node& value, Config& config, const std::
             fail(where, key + " must be a string or a list of strings, got " + node_kind(value));
           }
           for (const auto& item : items)
-            if (!f.allowed.admits(item)) fail(where, key + " items must be " + allowed + ", got '" + item + "'");
+            if (!admitted.admits(item)) fail(where, key + " items must be " + allowed + ", got '" + item + "'");
           *member = items;
         } else {
           if (!scalar) fail(where, key + " must be " + (allowed.empty() ? "a string" : allowed) + ", got " + node_kind(value));
-          if (!f.allowed.admits(text)) fail(where, key + " must be " + allowed + ", got '" + text + "'");
+          if (!admitted.admits(text)) fail(where, key + " must be " + allowed + ", got '" + text + "'");
           *member = text;
         }
       }},
@@ -751,8 +759,9 @@ void apply_override(YAML::Node& root, const std::string& text, std::map<std::str
   const std::string sec = dotted.substr(0, dot);
   const std::string key = dotted.substr(dot + 1);
 
+  // A model key is checked once model.arch is known (convert): which keys the section has depends on it.
   const Section* s = find_section(sec);
-  if (!s || !s->find(key)) fail(where, unknown_key_message(sec, key));
+  if (!s || (sec != "model" && !s->find(key))) fail(where, unknown_key_message(sec, key));
 
   YAML::Node value;
   try {
@@ -768,32 +777,66 @@ void apply_override(YAML::Node& root, const std::string& text, std::map<std::str
   origins[dotted] = where;
 }
 
+// A model key of another family than model.arch's: resolved configs written before each family
+// had keys of its own carry every family's keys at their defaults, and such a key changes
+// nothing; a key set to anything else would be silently ignored, so it is an error.
+void check_foreign_model_key(const std::string& key, const YAML::Node& value, const Config& config,
+                             const std::string& where) {
+  const std::vector<std::string> owners = families_with_key(key);
+  if (owners.empty()) fail(where, unknown_key_message("model", key));
+  for (const auto& arch : owners) {
+    Config scratch;
+    scratch.model.arch = arch;
+    const std::optional<Field> f = find_field(*find_section("model"), key, arch);
+    try {
+      assign(*f, value, scratch, where);
+    } catch (const ConfigError&) {
+      break;  // not even a valid value of that family's key: the error below says whose key it is
+    }
+    Config defaults;
+    defaults.model.arch = arch;
+    if (same_value(f->at(scratch), f->at_const(defaults))) return;
+  }
+  fail(where, "'model." + key + "' is a key of model.arch " + join(owners, "|") + "; this config's model.arch is " +
+                  config.model.arch);
+}
+
 void convert(const YAML::Node& root, const std::string& origin,
              const std::map<std::string, std::string>& override_origins, Config& config) {
   if (!root.IsMap()) return;
+  auto where_of = [&](const std::string& dotted, const YAML::Node& key_node) {
+    auto ov = override_origins.find(dotted);
+    return ov != override_origins.end() ? ov->second : at_mark(origin, key_node.Mark());
+  };
+  // model.arch first: which family's keys the rest of the model section may hold depends on it.
+  for (auto it = root.begin(); it != root.end(); ++it) {
+    if (it->first.Scalar() != "model" || !it->second.IsMap()) continue;
+    for (auto kv = it->second.begin(); kv != it->second.end(); ++kv)
+      if (kv->first.Scalar() == "arch")
+        assign(*find_field(*find_section("model"), "arch", config.model.arch), kv->second, config,
+               where_of("model.arch", kv->first));
+  }
+
+  auto assign_key = [&](const Section& s, const std::string& key, const YAML::Node& value, const std::string& where) {
+    if (const std::optional<Field> f = find_field(s, key, config.model.arch)) return assign(*f, value, config, where);
+    if (s.name == "model") return check_foreign_model_key(key, value, config, where);
+    fail(where, unknown_key_message(s.name, key));
+  };
   for (auto it = root.begin(); it != root.end(); ++it) {
     const Section* s = find_section(it->first.Scalar());
     const YAML::Node body = it->second;
     if (!body.IsMap()) continue;  // null section: defaults (check_structure rejected the rest)
     for (auto kv = body.begin(); kv != body.end(); ++kv) {
       const std::string key = kv->first.Scalar();
-      const std::string dotted = s->name + "." + key;
-      auto ov = override_origins.find(dotted);
-      const std::string where = ov != override_origins.end() ? ov->second : at_mark(origin, kv->first.Mark());
+      if (s->name == "model" && key == "arch") continue;  // assigned above
+      const std::string where = where_of(s->name + "." + key, kv->first);
       // A nested map spells dotted keys: `video: {frames: 8}` is `video.frames: 8`.
-      if (kv->second.IsMap() && !s->find(key)) {
-        for (auto sub = kv->second.begin(); sub != kv->second.end(); ++sub) {
-          const std::string nested = key + "." + sub->first.Scalar();
-          const std::string nested_where = at_mark(origin, sub->first.Mark());
-          const Field* f = s->find(nested);
-          if (!f) fail(nested_where, unknown_key_message(s->name, nested));
-          assign(*f, sub->second, config, nested_where);
-        }
+      if (kv->second.IsMap() && !find_field(*s, key, config.model.arch)) {
+        for (auto sub = kv->second.begin(); sub != kv->second.end(); ++sub)
+          assign_key(*s, key + "." + sub->first.Scalar(), sub->second, at_mark(origin, sub->first.Mark()));
         continue;
       }
-      const Field* f = s->find(key);
-      if (!f) fail(where, unknown_key_message(s->name, key));
-      assign(*f, kv->second, config, where);
+      assign_key(*s, key, kv->second, where);
     }
   }
 }
@@ -815,30 +858,31 @@ int64_t ModelConfig::resolved_heads() const { return heads > 0 ? heads : model_p
 
 void Config::validate() const {
   // Per-key checks first: a Config built in code never went through the parser.
-  for (const auto& s : schema()) {
-    for (const auto& f : s.fields) {
+  {
+    for (const Field& f : fields_of(*this)) {
       const std::string key = "'" + f.dotted() + "'";
+      const Allowed& allowed = f.key.allowed;
       std::visit(
           Overloaded{[&](const EnumRef& e) {  // only a cast in code can leave the words
                        if (e.get() >= e.words->size())
-                         throw ConfigError(key + " must be " + f.allowed.describe() + ", got enumerator " +
+                         throw ConfigError(key + " must be " + allowed.describe() + ", got enumerator " +
                                            std::to_string(e.get()));
                      },
                      [&](auto* member) {
             using T = std::remove_cv_t<std::remove_pointer_t<decltype(member)>>;
             if constexpr (std::is_same_v<T, int64_t>) {
-              if (!f.allowed.admits(static_cast<double>(*member)))
-                throw ConfigError(key + " must be " + f.allowed.describe() + ", got " + format_int(*member));
+              if (!allowed.admits(static_cast<double>(*member)))
+                throw ConfigError(key + " must be " + allowed.describe() + ", got " + format_int(*member));
             } else if constexpr (std::is_same_v<T, double>) {
-              if (!std::isfinite(*member) || !f.allowed.admits(*member))
-                throw ConfigError(key + " must be " + f.allowed.describe() + ", got " + format_double(*member));
+              if (!std::isfinite(*member) || !allowed.admits(*member))
+                throw ConfigError(key + " must be " + allowed.describe() + ", got " + format_double(*member));
             } else if constexpr (std::is_same_v<T, std::string>) {
-              if (!f.allowed.admits(*member))
-                throw ConfigError(key + " must be " + f.allowed.describe() + ", got '" + *member + "'");
+              if (!allowed.admits(*member))
+                throw ConfigError(key + " must be " + allowed.describe() + ", got '" + *member + "'");
             } else if constexpr (std::is_same_v<T, StringList>) {
               for (const auto& item : *member)
-                if (!f.allowed.admits(item))
-                  throw ConfigError(key + " items must be " + f.allowed.describe() + ", got '" + item + "'");
+                if (!allowed.admits(item))
+                  throw ConfigError(key + " items must be " + allowed.describe() + ", got '" + item + "'");
             }
           }},
           f.at_const(*this));
@@ -873,24 +917,31 @@ void Config::validate() const {
 std::vector<std::string> all_keys() {
   std::vector<std::string> keys;
   for (const auto& s : schema())
-    for (const auto& f : s.fields) keys.push_back(f.dotted());
+    for (const auto& name : key_names(s)) keys.push_back(s.name + "." + name);
+  return keys;
+}
+
+std::vector<std::string> keys_of(const Config& config) {
+  std::vector<std::string> keys;
+  for (const Field& f : fields_of(config)) keys.push_back(f.dotted());
   return keys;
 }
 
 std::vector<std::string> diff_keys(const Config& a, const Config& b) {
+  // Keys of both compare by value; a family key of one side only (model.arch differs) differs.
+  const std::vector<Field> fa = fields_of(a), fb = fields_of(b);
+  auto find = [](const std::vector<Field>& fields, const std::string& dotted) -> const Field* {
+    for (const auto& f : fields)
+      if (f.dotted() == dotted) return &f;
+    return nullptr;
+  };
   std::vector<std::string> keys;
-  for (const auto& s : schema()) {
-    for (const auto& f : s.fields) {
-      const bool same = std::visit(
-          Overloaded{[&](const EnumRef& ea) { return ea.get() == std::get<EnumRef>(f.at_const(b)).get(); },
-                     [&](auto* pa) {
-                       using P = decltype(pa);
-                       return *pa == *std::get<P>(f.at_const(b));
-                     }},
-          f.at_const(a));
-      if (!same) keys.push_back(f.dotted());
-    }
+  for (const Field& f : fa) {
+    const Field* other = find(fb, f.dotted());
+    if (!other || !same_value(f.at_const(a), other->at_const(b))) keys.push_back(f.dotted());
   }
+  for (const Field& f : fb)
+    if (!find(fa, f.dotted())) keys.push_back(f.dotted());
   return keys;
 }
 
@@ -937,11 +988,13 @@ std::string to_yaml(const Config& config) {
   YAML::Emitter out;
   out << YAML::Comment("flowtrain config, every key resolved (defaults filled in)");
   out << YAML::BeginMap;
+  const std::vector<Field> fields = fields_of(config);
   for (const auto& s : schema()) {
     out << YAML::Key << s.name << YAML::Value << YAML::BeginMap;
-    for (const auto& f : s.fields) {
-      out << YAML::Key << f.name << YAML::Value;
-      std::string help = f.help;
+    for (const Field& f : fields) {
+      if (f.section != s.name) continue;
+      out << YAML::Key << f.name() << YAML::Value;
+      std::string help = f.key.help;
       std::visit(
           Overloaded{[&](const EnumRef& e) {
                        if (needs_quotes(e.word())) out << YAML::DoubleQuoted;
@@ -970,10 +1023,10 @@ std::string to_yaml(const Config& config) {
           f.at_const(config));
       // hidden/depth/heads stay 0 so the file round-trips field for field; the comment
       // says what they resolve to.
-      if (s.name == "model" && (f.name == "hidden" || f.name == "depth" || f.name == "heads")) {
+      if (s.name == "model" && (f.name() == "hidden" || f.name() == "depth" || f.name() == "heads")) {
         try {
-          const int64_t v = f.name == "hidden" ? config.model.resolved_hidden()
-                            : f.name == "depth" ? config.model.resolved_depth()
+          const int64_t v = f.name() == "hidden" ? config.model.resolved_hidden()
+                            : f.name() == "depth" ? config.model.resolved_depth()
                                                 : config.model.resolved_heads();
           help += " (resolves to " + std::to_string(v) + ")";
         } catch (const ConfigError&) {

@@ -13,9 +13,12 @@
 #include "parallel/recompute.h"
 #include "parallel/reduction_fault.h"
 
+#include <any>
 #include <cstdint>
+#include <map>
 #include <stdexcept>
 #include <string>
+#include <typeindex>
 #include <vector>
 
 namespace flowtrain::trainer {
@@ -80,31 +83,44 @@ struct RunConfig {
   DeviceChoice device = DeviceChoice::automatic;  // auto: cuda when a GPU is present
 };
 
+// The keys a model family adds to the `model:` section, one typed struct per family (its spec
+// declares them: trainer/family.h FamilySpec::keys), kept by its type. A struct is made, at its
+// defaults, on first use, also through a const config: "not set" reads as the defaults, and the
+// schema's accessors (which read through the same pointers they write through) need a place.
+// Loading a config touches its family's struct, so later readers on other threads only look up.
+class FamilySections {
+ public:
+  template <class S>
+  S& get() const {
+    std::any& held = sections_[std::type_index(typeid(S))];
+    if (!held.has_value()) held = S{};
+    return std::any_cast<S&>(held);
+  }
+
+ private:
+  mutable std::map<std::type_index, std::any> sections_;
+};
+
+// The keys every family has: which family, its size, the width and depth of its transformer and
+// the shape of one sample [in_channels, frames, image_size, image_size]. The family's own keys
+// (the DiT's classes, the Flux text path's widths, …) are its section struct: family<S>().
 struct ModelConfig {
   std::string arch = "dit";     // a registered model family (trainer/family.h; trainer/families/)
-  std::string size = "S";       // dit: tiny | S | B | L | XL; flux: flux-dev | flux-schnell | flux-small | flux-tiny
+  std::string size = "S";       // a preset of the family: dit tiny | S | B | L | XL; flux flux-dev | …
   int64_t hidden = 0;           // 0 = from size
   int64_t depth = 0;            // 0 = from size (flux: double-stream blocks)
   int64_t heads = 0;            // 0 = from size
-  int64_t depth_single = 0;     // flux: single-stream blocks; 0 = from size
-  int64_t context_dim = 0;      // flux: text token embedding width; 0 = from size
-  int64_t vec_dim = 0;          // flux: pooled text vector width; 0 = from size
-  std::string axes_dim;         // flux: RoPE channels per id axis, "16,56,56"; "" = from size
-  double theta = 10000.0;       // flux: RoPE base
-  int64_t text_len = 512;       // flux: text tokens per sample
-  double text_dropout = 0.1;    // flux: probability each text input is zeroed (SD3-style)
-  int64_t text_encoder_layers = 0;  // flux: built-in text encoder layers; 0 = precomputed embeddings
-  int64_t text_encoder_heads = 4;   // flux: built-in text encoder heads
-  int64_t vocab_size = 256;         // flux: built-in text encoder token ids
+  double mlp_ratio = 4.0;
   int64_t patch = 2;            // 2 | 4 | 8 (any divisor of image_size is accepted)
   int64_t image_size = 32;      // input side (pixels or latent cells)
-  int64_t frames = 1;           // flux: latent frames per sample; > 1 trains on clips [C, T, H, W]
-  int64_t patch_t = 1;          // flux video: frames per token; must divide frames
+  int64_t frames = 1;           // frames per sample; > 1 is a video model on clips [C, T, H, W]
   int64_t in_channels = 4;
-  int64_t num_classes = 1000;
-  double class_dropout = 0.1;   // probability a label is replaced by the null class in training
-  bool learn_sigma = false;     // true: output 2·C channels as the original DiT (second half unused)
-  double mlp_ratio = 4.0;
+
+  FamilySections sections;
+  template <class S>
+  const S& family() const { return sections.get<S>(); }
+  template <class S>
+  S& family() { return sections.get<S>(); }
 
   // Resolved from the family's size preset unless given explicitly (trainer/family.h).
   int64_t resolved_hidden() const;
@@ -326,11 +342,15 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
 Config parse_config(const std::string& yaml_text, const std::string& origin,
                     const std::vector<std::string>& overrides = {});
 
-// The fully resolved config as YAML (every key, defaults filled in), loadable by load_config.
+// The fully resolved config as YAML (every key it has, defaults filled in: keys_of), loadable
+// by load_config.
 std::string to_yaml(const Config& config);
 
-// Every valid dotted key ("optim.lr", …) in file order; used for "did you mean" and docs.
+// Every valid dotted key ("optim.lr", …) in file order, every family's model keys included;
+// used for "did you mean" and docs.
 std::vector<std::string> all_keys();
+// The keys `config` has: every section's own and the model.arch family's, in file order (to_yaml's).
+std::vector<std::string> keys_of(const Config& config);
 
 // Dotted keys whose values differ between two configs, in file order (empty = same settings;
 // source_path is not a setting). For round-trip checks and "config changed since the

@@ -88,9 +88,9 @@ void check_eval_config(const Config& c, const models::DiffusionModel& model) {
   if (shape[0] != 1) fail(fmt::format("'model.in_channels' is {}; the quality metrics score 1-channel images", shape[0]));
   if (shape[1] < models::FashionClassifierImpl::kImageSide)
     fail(fmt::format("'model.image_size' is {}; the quality metrics need >= 28", shape[1]));
-  if (c.model.num_classes < kClasses)
+  if (class_count(c.model) < kClasses)
     fail(fmt::format("'model.num_classes' is {}; the quality metrics sample all {} Fashion-MNIST classes",
-                     c.model.num_classes, kClasses));
+                     class_count(c.model), kClasses));
   if (c.eval.num < 2) fail(fmt::format("'eval.num' must be >= 2, got {}", c.eval.num));
 }
 

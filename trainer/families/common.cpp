@@ -6,7 +6,7 @@
 
 namespace flowtrain::trainer::families {
 
-void check_patch_transformer(const ModelConfig& model) {
+void check_patch_transformer(const ModelConfig& model, int64_t patch_t) {
   const int64_t hidden = model.resolved_hidden();
   const int64_t heads = model.resolved_heads();
   auto hidden_text = "'model.hidden' (" + std::to_string(hidden) + (model.hidden > 0 ? "" : ", from model.size") + ")";
@@ -19,13 +19,13 @@ void check_patch_transformer(const ModelConfig& model) {
   // The patch embedding maps patch² × channels values to the hidden width. Narrower, it has a
   // null space: the noise there is never seen, so never removed, and stays in every sample (a
   // 147 → 128 map on 7×7 RGB patches left 19/147 of the noise: speckle over every canvas).
-  const int64_t patch_values = model.patch_t * model.patch * model.patch * model.in_channels;
+  const int64_t patch_values = patch_t * model.patch * model.patch * model.in_channels;
   if (patch_values > hidden)
     throw ConfigError(fmt::format("{} is narrower than a patch's {} values ('model.patch' {}² × 'model.in_channels' {}): "
                                   "the model could never remove the noise in the other {} dimensions; use a wider "
                                   "model.hidden or a smaller model.patch{}",
                                   hidden_text, patch_values, model.patch, model.in_channels, patch_values - hidden,
-                                  model.patch_t > 1 ? fmt::format(" (values also × 'model.patch_t' {})", model.patch_t) : ""));
+                                  patch_t > 1 ? fmt::format(" (values also × 'model.patch_t' {})", patch_t) : ""));
 }
 
 ModelPreset preset_from(const std::string& size, const std::string& family_name,

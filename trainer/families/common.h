@@ -11,8 +11,9 @@
 namespace flowtrain::trainer::families {
 
 // model.hidden divisible by model.heads, model.image_size by model.patch, and a patch's values
-// (patch_t · patch² · in_channels) no more than model.hidden. Throws ConfigError naming the keys.
-void check_patch_transformer(const ModelConfig& model);
+// (patch_t · patch² · in_channels, patch_t the frames one token spans) no more than
+// model.hidden. Throws ConfigError naming the keys.
+void check_patch_transformer(const ModelConfig& model, int64_t patch_t = 1);
 
 // A family's preset of `size` from its options-by-name function (which throws
 // std::invalid_argument for a foreign name), as the ConfigError "'model.size' 'X' is not a

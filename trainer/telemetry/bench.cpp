@@ -371,7 +371,6 @@ double write_parity_dump(const Config& c, const std::string& path) {
       {"beta2", fmt::format("{}", c.optim.beta2)},
       {"eps", fmt::format("{}", c.optim.eps)},
       {"weight_decay", fmt::format("{}", c.optim.weight_decay)},
-      {"class_dropout", fmt::format("{}", c.model.class_dropout)},
       {"timesteps", name_of(c.flow.timesteps)},
       {"logit_mean", fmt::format("{}", c.flow.logit_mean)},
       {"logit_std", fmt::format("{}", c.flow.logit_std)},

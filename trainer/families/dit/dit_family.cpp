@@ -1,6 +1,7 @@
 // The DiT family (models/dit/): class-conditional, fixed-resolution image transformer.
 #include "models/dit/dit.h"
 #include "trainer/families/common.h"
+#include "trainer/families/dit/dit_config.h"
 #include "trainer/family.h"
 
 #include <fmt/format.h>
@@ -18,8 +19,8 @@ models::DiTOptions dit_options(const ModelConfig& m) {
   o.depth = m.resolved_depth();
   o.heads = m.resolved_heads();
   o.mlp_ratio = m.mlp_ratio;
-  o.num_classes = m.num_classes;
-  o.learn_sigma = m.learn_sigma;
+  o.num_classes = m.family<DiTConfig>().num_classes;
+  o.learn_sigma = m.family<DiTConfig>().learn_sigma;
   return o;
 }
 
@@ -28,21 +29,28 @@ ModelPreset dit_preset(const std::string& size) {
                              models::dit_size_names());
 }
 
+std::vector<Key<ModelConfig>> dit_keys() {
+  return family_keys<DiTConfig>()
+      .add("num_classes", &DiTConfig::num_classes, at_least(1), "class labels (plus one null class)")
+      .add("class_dropout", &DiTConfig::class_dropout, range("[)", 0, 1),
+           "probability a label is replaced by the null class")
+      .add("learn_sigma", &DiTConfig::learn_sigma, any_value(), "output 2*C channels like the original DiT")
+      .keys;
+}
+
 void validate_dit(const ModelConfig& model) {
   check_patch_transformer(model);
   if (model.resolved_hidden() % 4 != 0)
     throw ConfigError("'model.hidden' (" + std::to_string(model.resolved_hidden()) +
                       ") must be divisible by 4 (the 2-D sin-cos position table splits it in four)");
-}
-
-std::shared_ptr<models::DiffusionModel> build_dit(const ModelConfig& model) {
-  // Checked here, not in validate_dit: a resolved config may carry every key (the round-trip
-  // tests set them all), but a DiT built with frames would silently train on something else.
   if (model.frames != 1)
     throw ConfigError("'model.frames' is " + std::to_string(model.frames) +
                       " but the DiT is an image model: video is model.arch flux with model.frames > 1");
+}
+
+std::shared_ptr<models::DiffusionModel> build_dit(const ModelConfig& model) {
   auto dit = std::make_shared<models::DiTImpl>(dit_options(model));
-  dit->class_dropout = model.class_dropout;
+  dit->class_dropout = model.family<DiTConfig>().class_dropout;
   return dit;
 }
 
@@ -59,6 +67,7 @@ ModelCost dit_cost(const ModelConfig& model) {
 std::map<std::string, std::string> dit_reference_metadata(const ModelConfig& model) {
   const models::DiTOptions o = dit_options(model);
   return {{"num_classes", std::to_string(o.num_classes)},
+          {"class_dropout", fmt::format("{}", model.family<DiTConfig>().class_dropout)},
           {"learn_sigma", o.learn_sigma ? "true" : "false"},
           {"timestep_scale", fmt::format("{}", o.timestep_scale)}};
 }
@@ -70,10 +79,13 @@ FamilySpec dit_family() {
   spec.arch = "dit";
   spec.sizes = models::dit_size_names();
   spec.preset = dit_preset;
+  spec.keys = dit_keys();
   spec.validate = validate_dit;
   spec.build = build_dit;
   spec.cost = dit_cost;
+  spec.image_tokens = [](const ModelConfig& model) { return dit_options(model).num_tokens(); };
   spec.class_conditioning = [](const at::Tensor& labels) { return models::Conditioning{{"labels", labels}}; };
+  spec.classes = [](const ModelConfig& model) { return model.family<DiTConfig>().num_classes; };
   spec.reference_metadata = dit_reference_metadata;
   spec.parallelize = parallelize_transformer;
   return spec;

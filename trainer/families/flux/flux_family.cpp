@@ -5,6 +5,7 @@
 #include "models/flux/flux.h"
 #include "models/text/text_to_image.h"
 #include "trainer/families/common.h"
+#include "trainer/families/flux/flux_config.h"
 #include "trainer/family.h"
 
 #include <fmt/format.h>
@@ -17,7 +18,9 @@ namespace flowtrain::trainer::families {
 
 namespace {
 
-bool has_builtin_text_encoder(const ModelConfig& m) { return m.text_encoder_layers > 0; }
+const FluxConfig& flux_keys(const ModelConfig& m) { return m.family<FluxConfig>(); }
+
+bool has_builtin_text_encoder(const ModelConfig& m) { return flux_keys(m).text_encoder_layers > 0; }
 
 std::vector<int64_t> parse_axes(const std::string& text) {
   std::vector<int64_t> axes;
@@ -38,35 +41,58 @@ std::vector<int64_t> parse_axes(const std::string& text) {
   return axes;
 }
 
+std::vector<Key<ModelConfig>> flux_config_keys() {
+  return family_keys<FluxConfig>()
+      .add("depth_single", &FluxConfig::depth_single, at_least(0), "single-stream blocks; 0 = from size")
+      .add("context_dim", &FluxConfig::context_dim, at_least(0), "text token embedding width; 0 = from size")
+      .add("vec_dim", &FluxConfig::vec_dim, at_least(0), "pooled text vector width; 0 = from size")
+      .add("axes_dim", &FluxConfig::axes_dim, any_value(), "RoPE channels per id axis, e.g. 16,56,56; empty = from size")
+      .add("theta", &FluxConfig::theta, above(0), "RoPE base")
+      .add("text_len", &FluxConfig::text_len, at_least(1), "text tokens per sample")
+      .add("text_dropout", &FluxConfig::text_dropout, range("[)", 0, 1),
+           "probability each text input is zeroed in training (classifier-free guidance)")
+      .add("text_encoder_layers", &FluxConfig::text_encoder_layers, at_least(0),
+           "layers of the built-in text encoder (trained jointly, reads captions); 0 = precomputed text embeddings "
+           "from the data set")
+      .add("text_encoder_heads", &FluxConfig::text_encoder_heads, at_least(1),
+           "attention heads of the built-in text encoder (must divide context_dim)")
+      .add("vocab_size", &FluxConfig::vocab_size, at_least(4),
+           "token ids of the built-in text encoder (>= the data set tokenizer's pieces)")
+      .add("patch_t", &FluxConfig::patch_t, at_least(1), "video: frames per token; must divide frames")
+      .keys;
+}
+
 models::FluxOptions flux_options(const ModelConfig& m) {
+  const FluxConfig& f = flux_keys(m);
   models::FluxOptions o = models::flux_size(m.size);  // validated by flux_preset first
   o.in_channels = m.in_channels;
   o.patch = m.patch;
   o.input_size = m.image_size;
   o.frames = m.frames;
-  o.patch_t = m.patch_t;
+  o.patch_t = f.patch_t;
   o.hidden = m.resolved_hidden();
   o.depth = m.resolved_depth();
   o.heads = m.resolved_heads();
-  if (m.depth_single > 0) o.depth_single = m.depth_single;
-  if (m.context_dim > 0) o.context_dim = m.context_dim;
-  if (m.vec_dim > 0) o.vec_dim = m.vec_dim;
-  if (!m.axes_dim.empty()) o.axes_dim = parse_axes(m.axes_dim);
-  o.theta = m.theta;
+  if (f.depth_single > 0) o.depth_single = f.depth_single;
+  if (f.context_dim > 0) o.context_dim = f.context_dim;
+  if (f.vec_dim > 0) o.vec_dim = f.vec_dim;
+  if (!f.axes_dim.empty()) o.axes_dim = parse_axes(f.axes_dim);
+  o.theta = f.theta;
   o.mlp_ratio = m.mlp_ratio;
-  o.text_len = m.text_len;
+  o.text_len = f.text_len;
   return o;
 }
 
 // The built-in text encoder: width context_dim, pooled width vec_dim, model.text_len positions.
 models::TextEncoderOptions text_encoder_options(const ModelConfig& m) {
   const models::FluxOptions f = flux_options(m);
+  const FluxConfig& keys = flux_keys(m);
   models::TextEncoderOptions o;
-  o.vocab_size = m.vocab_size;
-  o.length = m.text_len;
+  o.vocab_size = keys.vocab_size;
+  o.length = keys.text_len;
   o.width = f.context_dim;
-  o.depth = m.text_encoder_layers;
-  o.heads = m.text_encoder_heads;
+  o.depth = keys.text_encoder_layers;
+  o.heads = keys.text_encoder_heads;
   o.pooled_dim = f.vec_dim;
   return o;
 }
@@ -77,32 +103,33 @@ ModelPreset flux_preset(const std::string& size) {
 }
 
 void validate_flux(const ModelConfig& model) {
-  check_patch_transformer(model);
-  if (model.frames % model.patch_t != 0)
+  const FluxConfig& keys = flux_keys(model);
+  check_patch_transformer(model, keys.patch_t);
+  if (model.frames % keys.patch_t != 0)
     throw ConfigError(fmt::format("'model.frames' ({}) must be a multiple of 'model.patch_t' ({})", model.frames,
-                                  model.patch_t));
+                                  keys.patch_t));
   const models::FluxOptions o = flux_options(model);
   const int64_t sum = std::accumulate(o.axes_dim.begin(), o.axes_dim.end(), int64_t{0});
   if (sum != o.head_dim())
     throw ConfigError(fmt::format("'model.axes_dim' ({}{}) must sum to the head dim {} (model.hidden {} / model.heads {})",
-                                  fmt::join(o.axes_dim, ","), model.axes_dim.empty() ? ", from model.size" : "",
+                                  fmt::join(o.axes_dim, ","), keys.axes_dim.empty() ? ", from model.size" : "",
                                   o.head_dim(), o.hidden, o.heads));
   if (o.axes_dim.size() != 3)
     throw ConfigError(fmt::format("'model.axes_dim' needs one entry per id axis (time/index, row, column): 3, got {}",
                                   o.axes_dim.size()));
-  if (has_builtin_text_encoder(model) && o.context_dim % model.text_encoder_heads != 0)
+  if (has_builtin_text_encoder(model) && o.context_dim % keys.text_encoder_heads != 0)
     throw ConfigError(fmt::format("'model.context_dim' ({}, the built-in text encoder's width) must be divisible by "
                                   "'model.text_encoder_heads' ({})",
-                                  o.context_dim, model.text_encoder_heads));
+                                  o.context_dim, keys.text_encoder_heads));
 }
 
 std::shared_ptr<models::DiffusionModel> build_flux(const ModelConfig& model) {
   auto flux = std::make_shared<models::FluxImpl>(flux_options(model));
-  flux->text_dropout = model.text_dropout;
+  flux->text_dropout = flux_keys(model).text_dropout;
   if (!has_builtin_text_encoder(model)) return flux;  // conditioned on precomputed embeddings
   // The built-in text path: the encoder (built after the transformer, from the same generator) feeds it.
   models::TextEncoder encoder(text_encoder_options(model));
-  return std::make_shared<models::TextToImageImpl>(encoder, flux, model.text_dropout);
+  return std::make_shared<models::TextToImageImpl>(encoder, flux, flux_keys(model).text_dropout);
 }
 
 ModelCost flux_cost(const ModelConfig& model) {
@@ -124,7 +151,8 @@ TextConditioning flux_text(const ModelConfig& model) {
   const models::FluxOptions o = flux_options(model);
   TextConditioning text;
   text.input = has_builtin_text_encoder(model) ? TextInput::Tokens : TextInput::Embeddings;
-  text.length = model.text_len;
+  text.length = o.text_len;
+  text.vocab_size = text.input == TextInput::Tokens ? flux_keys(model).vocab_size : 0;
   text.width = o.context_dim;
   text.pooled_width = o.vec_dim;
   return text;
@@ -150,10 +178,10 @@ std::map<std::string, std::string> flux_reference_metadata(const ModelConfig& mo
           {"theta", fmt::format("{}", o.theta)},
           {"guidance_embed", o.guidance_embed ? "true" : "false"},
           {"text_len", std::to_string(o.text_len)},
-          {"text_encoder_layers", std::to_string(model.text_encoder_layers)},
-          {"text_encoder_heads", std::to_string(model.text_encoder_heads)},
-          {"vocab_size", std::to_string(model.vocab_size)},
-          {"text_dropout", fmt::format("{}", model.text_dropout)}};
+          {"text_encoder_layers", std::to_string(flux_keys(model).text_encoder_layers)},
+          {"text_encoder_heads", std::to_string(flux_keys(model).text_encoder_heads)},
+          {"vocab_size", std::to_string(flux_keys(model).vocab_size)},
+          {"text_dropout", fmt::format("{}", flux_keys(model).text_dropout)}};
 }
 
 // The inputs of the reference forward (black-forest-labs/flux Flux.forward) at the first
@@ -193,9 +221,11 @@ FamilySpec flux_family() {
   spec.arch = "flux";
   spec.sizes = models::flux_size_names();
   spec.preset = flux_preset;
+  spec.keys = flux_config_keys();
   spec.validate = validate_flux;
   spec.build = build_flux;
   spec.cost = flux_cost;
+  spec.image_tokens = [](const ModelConfig& model) { return flux_options(model).image_tokens(); };
   spec.text_conditioning = flux_text;
   spec.variable_resolution = true;  // position ids follow each batch's shape
   spec.exported_parts = flux_exported_parts;
