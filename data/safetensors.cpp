@@ -333,6 +333,62 @@ std::vector<std::string> names_in_buffer_order(const std::string& where, std::ve
 
 }  // namespace
 
+// One tensor's entry of the header: its dtype, shape and data offsets, each checked against
+// the reference's rules and the data buffer of `buffer_size` bytes.
+SafetensorsReader::Entry SafetensorsReader::parse_entry(const std::string& where, const std::string& name,
+                                                        const nlohmann::json& value, uint64_t buffer_size) {
+  // Reads a non-negative integer of a tensor entry; floats and negatives are errors.
+  const auto unsigned_field = [&](const nlohmann::json& v, const std::string& what) -> uint64_t {
+    if (!v.is_number_unsigned()) throw DataError(where + what + " must be a non-negative integer, got " + v.dump());
+    return v.get<uint64_t>();
+  };
+
+  const std::string tensor = "tensor '" + name + "'";
+  if (!value.is_object()) throw DataError(where + tensor + " must be an object, got " + value.dump());
+  // Unknown extra fields are ignored, as the reference (serde without deny_unknown_fields) does.
+  for (const char* field : {"dtype", "shape", "data_offsets"})
+    if (!value.contains(field)) throw DataError(where + tensor + " has no \"" + field + "\" field");
+
+  const auto& dtype_json = value["dtype"];
+  if (!dtype_json.is_string()) throw DataError(where + tensor + " dtype must be a string, got " + dtype_json.dump());
+  const DtypeInfo* info = find_dtype(dtype_json.get<std::string>());
+  if (!info)
+    throw DataError(where + tensor + " has unknown dtype " + dtype_json.dump() + " (supported: " +
+                    supported_dtype_list() + ")");
+
+  const auto& shape_json = value["shape"];
+  if (!shape_json.is_array()) throw DataError(where + tensor + " shape must be an array, got " + shape_json.dump());
+  Entry entry;
+  entry.dtype = info->type;
+  uint64_t numel = 1;
+  bool overflow = false;
+  for (const auto& d : shape_json) {
+    const uint64_t dim = unsigned_field(d, tensor + " shape entry");
+    if (dim > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()) || !checked_mul(numel, dim, &numel))
+      overflow = true;
+    entry.shape.push_back(static_cast<int64_t>(dim));
+  }
+  uint64_t nbytes = 0;
+  if (overflow || !checked_mul(numel, info->size, &nbytes))
+    throw DataError(where + tensor + " shape " + shape_json.dump() + " is too large");
+
+  const auto& offsets = value["data_offsets"];
+  if (!offsets.is_array() || offsets.size() != 2)
+    throw DataError(where + tensor + " data_offsets must be [begin, end], got " + offsets.dump());
+  entry.begin = unsigned_field(offsets[0], tensor + " data_offsets begin");
+  entry.end = unsigned_field(offsets[1], tensor + " data_offsets end");
+  if (entry.end < entry.begin)
+    throw DataError(where + tensor + " data_offsets " + offsets.dump() + " end before they begin");
+  if (entry.end > buffer_size)
+    throw DataError(where + tensor + " data_offsets " + offsets.dump() + " are out of the data buffer of " +
+                    std::to_string(buffer_size) + " bytes (truncated?)");
+  if (entry.end - entry.begin != nbytes)
+    throw DataError(where + tensor + " shape " + shape_string(entry.shape) + " of dtype " + info->name + " needs " +
+                    std::to_string(nbytes) + " bytes, but data_offsets " + offsets.dump() + " span " +
+                    std::to_string(entry.end - entry.begin));
+  return entry;
+}
+
 void SafetensorsReader::parse(const std::string& where) {
   const unsigned char* base = mapping_->data;
   const uint64_t file_size = mapping_->size;
@@ -357,12 +413,6 @@ void SafetensorsReader::parse(const std::string& where) {
   const nlohmann::json header = parse_header_json(where, header_begin, header_end);
   if (!header.is_object()) throw DataError(where + "header is not a JSON object");
 
-  // Reads a non-negative integer of a tensor entry; floats and negatives are errors.
-  const auto unsigned_field = [&](const nlohmann::json& v, const std::string& what) -> uint64_t {
-    if (!v.is_number_unsigned()) throw DataError(where + what + " must be a non-negative integer, got " + v.dump());
-    return v.get<uint64_t>();
-  };
-
   std::vector<Span> spans;
   for (const auto& [name, value] : header.items()) {
     if (name == "__metadata__") {
@@ -375,49 +425,7 @@ void SafetensorsReader::parse(const std::string& where) {
       }
       continue;
     }
-    const std::string tensor = "tensor '" + name + "'";
-    if (!value.is_object()) throw DataError(where + tensor + " must be an object, got " + value.dump());
-    // Unknown extra fields are ignored, as the reference (serde without deny_unknown_fields) does.
-    for (const char* field : {"dtype", "shape", "data_offsets"})
-      if (!value.contains(field)) throw DataError(where + tensor + " has no \"" + field + "\" field");
-
-    const auto& dtype_json = value["dtype"];
-    if (!dtype_json.is_string()) throw DataError(where + tensor + " dtype must be a string, got " + dtype_json.dump());
-    const DtypeInfo* info = find_dtype(dtype_json.get<std::string>());
-    if (!info)
-      throw DataError(where + tensor + " has unknown dtype " + dtype_json.dump() + " (supported: " +
-                      supported_dtype_list() + ")");
-
-    const auto& shape_json = value["shape"];
-    if (!shape_json.is_array()) throw DataError(where + tensor + " shape must be an array, got " + shape_json.dump());
-    Entry entry;
-    entry.dtype = info->type;
-    uint64_t numel = 1;
-    bool overflow = false;
-    for (const auto& d : shape_json) {
-      const uint64_t dim = unsigned_field(d, tensor + " shape entry");
-      if (dim > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()) || !checked_mul(numel, dim, &numel))
-        overflow = true;
-      entry.shape.push_back(static_cast<int64_t>(dim));
-    }
-    uint64_t nbytes = 0;
-    if (overflow || !checked_mul(numel, info->size, &nbytes))
-      throw DataError(where + tensor + " shape " + shape_json.dump() + " is too large");
-
-    const auto& offsets = value["data_offsets"];
-    if (!offsets.is_array() || offsets.size() != 2)
-      throw DataError(where + tensor + " data_offsets must be [begin, end], got " + offsets.dump());
-    entry.begin = unsigned_field(offsets[0], tensor + " data_offsets begin");
-    entry.end = unsigned_field(offsets[1], tensor + " data_offsets end");
-    if (entry.end < entry.begin)
-      throw DataError(where + tensor + " data_offsets " + offsets.dump() + " end before they begin");
-    if (entry.end > buffer_size)
-      throw DataError(where + tensor + " data_offsets " + offsets.dump() + " are out of the data buffer of " +
-                      std::to_string(buffer_size) + " bytes (truncated?)");
-    if (entry.end - entry.begin != nbytes)
-      throw DataError(where + tensor + " shape " + shape_string(entry.shape) + " of dtype " + info->name + " needs " +
-                      std::to_string(nbytes) + " bytes, but data_offsets " + offsets.dump() + " span " +
-                      std::to_string(entry.end - entry.begin));
+    Entry entry = parse_entry(where, name, value, buffer_size);
     spans.push_back({entry.begin, entry.end, name});
     entries_.emplace(name, std::move(entry));
   }

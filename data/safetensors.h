@@ -4,6 +4,7 @@
 #pragma once
 
 #include <ATen/ATen.h>
+#include <nlohmann/json_fwd.hpp>
 
 #include <cstdint>
 #include <map>
@@ -61,6 +62,8 @@ class SafetensorsReader {
 
   const Entry& entry(const std::string& name) const;
   void parse(const std::string& where);  // the header and entries of mapping_
+  static Entry parse_entry(const std::string& where, const std::string& name, const nlohmann::json& value,
+                           uint64_t buffer_size);
 
   std::string path_;
   std::shared_ptr<const Mapping> mapping_;
