@@ -7,7 +7,7 @@ weights under the official key names, fixed inputs and the reference's outputs. 
 reference or a section changes, and commit what it writes to tests/reference/golden/:
 
   FLOWTRAIN_DEPS=~/.cache/flowtrain                   # where scripts/setup.sh put the PyPI torch
-  $FLOWTRAIN_DEPS/torch-2.11.0/bin/pip install einops safetensors
+  $FLOWTRAIN_DEPS/torch-2.11.0/bin/pip install einops safetensors transformers
   # the FLUX reference: git clone https://github.com/black-forest-labs/flux (commit 802fb47; the src/ folder is enough)
   $FLOWTRAIN_DEPS/torch-2.11.0/bin/python tests/reference/make_golden.py --flux-src FLUX/src
 
@@ -15,6 +15,9 @@ Sections:
   ae   the FLUX autoencoder (flux/modules/autoencoder.py): ae_tiny.safetensors (weights),
        ae_tiny_io.safetensors (x, moments, z = encode(x), decode(z)), and ae_flux_keys.txt:
        every key and shape of the full-size FLUX.1 autoencoder, built on the meta device.
+  t5   transformers' T5EncoderModel (T5 v1.1: gated GELU, relative position bias), tiny:
+       t5_tiny.safetensors as save_pretrained writes it, t5_tiny_io.safetensors (ids, mask, the
+       last hidden state with the mask and without it, FLUX's way), t5_xxl_keys.txt.
 """
 import argparse
 import os
@@ -94,19 +97,65 @@ def autoencoder(flux_src: str) -> None:
           f"|decoded| max {decoded.abs().max():.3f}, full-size keys {len(full.state_dict())}")
 
 
+def t5() -> None:
+    import tempfile
+
+    from transformers import T5Config, T5EncoderModel
+
+    def config(**sizes):
+        # google/t5-v1_1-xxl's config but for the sizes: gated GELU (tanh), 32 buckets up to 128.
+        return T5Config(feed_forward_proj="gated-gelu", relative_attention_num_buckets=32,
+                        relative_attention_max_distance=128, layer_norm_epsilon=1e-6, dropout_rate=0.0,
+                        tie_word_embeddings=False, **sizes)
+
+    with torch.device("meta"):
+        full = T5EncoderModel(config(vocab_size=32128, d_model=4096, d_kv=64, d_ff=10240, num_layers=24,
+                                     num_heads=64))
+    write_key_manifest(full, os.path.join(GOLDEN, "t5_xxl_keys.txt"))
+
+    torch.manual_seed(0)
+    model = T5EncoderModel(config(vocab_size=64, d_model=32, d_kv=8, d_ff=48, num_layers=2, num_heads=4)).eval()
+    seeded_weights(model, seed=3)
+    with tempfile.TemporaryDirectory() as tmp:
+        model.save_pretrained(tmp, safe_serialization=True)
+        with open(os.path.join(tmp, "model.safetensors"), "rb") as src:
+            data = src.read()
+    with open(os.path.join(GOLDEN, "t5_tiny.safetensors"), "wb") as dst:
+        dst.write(data)
+    # 150 positions: distances past 8 (log buckets) and past 128 (the last bucket); row 1 padded
+    # after 100 tokens as FLUX's tokenizer pads (id 0).
+    gen = torch.Generator().manual_seed(4)
+    ids = torch.randint(2, 64, (2, 150), generator=gen)
+    mask = torch.ones(2, 150, dtype=torch.bool)
+    ids[1, 100:] = 0
+    mask[1, 100:] = False
+    with torch.no_grad():
+        masked = model(input_ids=ids, attention_mask=mask.long()).last_hidden_state
+        unmasked = model(input_ids=ids).last_hidden_state
+    save_file({"ids": ids, "mask": mask, "hidden_masked": masked.contiguous(), "hidden": unmasked.contiguous()},
+              os.path.join(GOLDEN, "t5_tiny_io.safetensors"),
+              metadata={"vocab_size": "64", "d_model": "32", "d_kv": "8", "d_ff": "48", "num_layers": "2",
+                        "num_heads": "4", "torch": torch.__version__, "transformers": __import__("transformers").__version__})
+    print(f"t5: {sum(p.numel() for p in model.parameters())} parameters, full-size keys {len(full.state_dict())}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--flux-src", required=True, help="the src/ folder of black-forest-labs/flux")
-    parser.add_argument("sections", nargs="*", help="which to write (default: all): ae")
+    parser.add_argument("--flux-src", help="the src/ folder of black-forest-labs/flux (section ae)")
+    parser.add_argument("sections", nargs="*", help="which to write (default: all): ae t5")
     args = parser.parse_args()
-    args.sections = args.sections or ["ae"]
+    args.sections = args.sections or ["ae", "t5"]
     for section in args.sections:
-        if section not in ("ae",):
+        if section not in ("ae", "t5"):
             parser.error(f"unknown section '{section}'")
+    if "ae" in args.sections and not args.flux_src:
+        parser.error("section ae needs --flux-src")
     os.makedirs(GOLDEN, exist_ok=True)
     torch.set_num_threads(1)
     if "ae" in args.sections:
         autoencoder(args.flux_src)
+    if "t5" in args.sections:
+        t5()
 
 
 if __name__ == "__main__":
