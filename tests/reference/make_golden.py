@@ -18,6 +18,11 @@ Sections:
   t5   transformers' T5EncoderModel (T5 v1.1: gated GELU, relative position bias), tiny:
        t5_tiny.safetensors as save_pretrained writes it, t5_tiny_io.safetensors (ids, mask, the
        last hidden state with the mask and without it, FLUX's way), t5_xxl_keys.txt.
+  clip transformers' CLIPTextModel, tiny: clip_tiny.safetensors under the released files' names
+       (`text_model.` + the module names: transformers 5 saves without the prefix, the files
+       FLUX loads have it), clip_tiny_io.safetensors (ids; hidden states; pooled by the
+       config's eos_token_id 2 rule, the highest id, and by a first-eos_token_id rule),
+       clip_l_keys.txt.
 """
 import argparse
 import os
@@ -139,14 +144,51 @@ def t5() -> None:
     print(f"t5: {sum(p.numel() for p in model.parameters())} parameters, full-size keys {len(full.state_dict())}")
 
 
+def clip() -> None:
+    from transformers import CLIPTextConfig, CLIPTextModel
+
+    def config(**sizes):
+        # openai/clip-vit-large-patch14's text config but for the sizes: quick_gelu, eps 1e-5,
+        # eos_token_id 2 (the pre-fix value its config.json still has: pool at the highest id).
+        return CLIPTextConfig(hidden_act="quick_gelu", layer_norm_eps=1e-5, attention_dropout=0.0,
+                              eos_token_id=2, **sizes)
+
+    with torch.device("meta"):
+        full = CLIPTextModel(config(vocab_size=49408, hidden_size=768, intermediate_size=3072, num_hidden_layers=12,
+                                    num_attention_heads=12, max_position_embeddings=77))
+    with open(os.path.join(GOLDEN, "clip_l_keys.txt"), "w") as f:
+        for name, t in full.state_dict().items():
+            f.write(f"text_model.{name} {','.join(str(d) for d in t.shape)}\n")
+
+    torch.manual_seed(0)
+    model = CLIPTextModel(config(vocab_size=100, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                                 num_attention_heads=4, max_position_embeddings=16)).eval()
+    seeded_weights(model, seed=5)
+    weights = {"text_model." + k: v.contiguous() for k, v in model.state_dict().items()}
+    # Row 0 as CLIP's tokenizer writes a caption: start 98, words, end 99, padded with the end token.
+    # Row 1: end token 50 at position 5 and a higher id 99 at 10, where the two pooling rules part.
+    ids = torch.tensor([[98, 10, 11, 12, 13, 14, 15, 99] + [99] * 8,
+                        [98, 20, 21, 22, 23, 50, 24, 25, 26, 27, 99, 28, 29, 30, 31, 32]])
+    with torch.no_grad():
+        out = model(input_ids=ids)
+        model.eos_token_id = 50  # the reference's first-eos_token_id rule
+        pooled_eos = model(input_ids=ids).pooler_output
+    meta = {"vocab_size": "100", "hidden": "32", "intermediate": "48", "layers": "2", "heads": "4",
+            "max_positions": "16", "torch": torch.__version__}
+    save_file(weights, os.path.join(GOLDEN, "clip_tiny.safetensors"), metadata=meta)
+    save_file({"ids": ids, "hidden": out.last_hidden_state.contiguous(), "pooled": out.pooler_output.contiguous(),
+               "pooled_eos50": pooled_eos.contiguous()}, os.path.join(GOLDEN, "clip_tiny_io.safetensors"), metadata=meta)
+    print(f"clip: {sum(p.numel() for p in model.parameters())} parameters, full-size keys {len(full.state_dict())}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--flux-src", help="the src/ folder of black-forest-labs/flux (section ae)")
-    parser.add_argument("sections", nargs="*", help="which to write (default: all): ae t5")
+    parser.add_argument("sections", nargs="*", help="which to write (default: all): ae t5 clip")
     args = parser.parse_args()
-    args.sections = args.sections or ["ae", "t5"]
+    args.sections = args.sections or ["ae", "t5", "clip"]
     for section in args.sections:
-        if section not in ("ae", "t5"):
+        if section not in ("ae", "t5", "clip"):
             parser.error(f"unknown section '{section}'")
     if "ae" in args.sections and not args.flux_src:
         parser.error("section ae needs --flux-src")
@@ -156,6 +198,8 @@ def main() -> None:
         autoencoder(args.flux_src)
     if "t5" in args.sections:
         t5()
+    if "clip" in args.sections:
+        clip()
 
 
 if __name__ == "__main__":
