@@ -1,4 +1,4 @@
-// The CLIP text encoder (Radford et al.; transformers models/clip/modeling_clip.py,
+// The CLIP text encoder (Radford et al.; transformers' modeling_clip.py,
 // CLIPTextModel), FLUX.1's frozen pooled-text encoder (openai/clip-vit-large-patch14): its pooled
 // output is the `vec` the transformer reads.
 //

@@ -1,4 +1,4 @@
-// The T5 v1.1 encoder (Raffel et al.; Hugging Face transformers models/t5/modeling_t5.py,
+// The T5 v1.1 encoder (Raffel et al.; Hugging Face transformers' modeling_t5.py,
 // T5EncoderModel), FLUX.1's frozen text encoder (google/t5-v1_1-xxl): its last hidden state is
 // the `txt` the transformer reads.
 //
