@@ -29,6 +29,10 @@
 
 namespace flowtrain::models {
 
+// T5EncoderModel ties encoder.embed_tokens to shared: a file may hold the tensor under both
+// names (save_pretrained writes shared.weight only). Pass to trainer::load_weights_file as `tied`.
+inline const char* const kT5TiedEmbedding = "encoder.embed_tokens.weight";
+
 struct T5Options {
   int64_t vocab_size = 32128;
   int64_t d_model = 4096;

@@ -7,8 +7,11 @@
 #include "trainer/checkpoint/state_dict.h"
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
+#include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -89,6 +92,59 @@ TEST(T5, EncodesAsTheReferenceWithAndWithoutThePaddingMask) {
   EXPECT_LT(t5_relative_error(t5(ids, mask), io.get("hidden_masked")), kTolerance);
   // The mask matters for the padded row only.
   EXPECT_GT(t5_relative_error(t5(ids)[1], io.get("hidden_masked")[1]), 1e-3);
+}
+
+// The forms a T5 checkpoint comes in: save_pretrained's single file (the golden one), a file that
+// also holds the tied copy of the embedding (or only it), and a sharded index as T5-XXL ships.
+TEST(T5, LoadsTiedCopiesAndShardedCheckpoints) {
+  const data::NamedTensors golden = data::read_safetensors(t5_golden("t5_tiny.safetensors"));
+  const data::SafetensorsReader io(t5_golden("t5_tiny_io.safetensors"));
+  const std::string dir = test::scratch_dir("t5_forms");
+  const std::map<std::string, std::string> tied = {{models::kT5TiedEmbedding, "shared.weight"}};
+  auto encodes_as_the_reference = [&](const std::string& path) {
+    T5Encoder t5(tiny_t5_options());
+    trainer::load_weights_file(*t5, path, "", tied);
+    at::NoGradGuard no_grad;
+    return t5_relative_error(t5(io.get("ids")), io.get("hidden")) < 1e-5;
+  };
+  at::Tensor shared;
+  for (const auto& [name, t] : golden)
+    if (name == "shared.weight") shared = t;
+
+  data::NamedTensors both = golden;
+  both.emplace_back(models::kT5TiedEmbedding, shared.clone());
+  data::write_safetensors(dir + "/both.safetensors", both);
+  EXPECT_TRUE(encodes_as_the_reference(dir + "/both.safetensors"));
+  T5Encoder untied(tiny_t5_options());  // without the tie, the copy is an unexpected key
+  EXPECT_THROW(trainer::load_weights_file(*untied, dir + "/both.safetensors", ""), trainer::CheckpointError);
+
+  data::NamedTensors only_copy;
+  for (const auto& [name, t] : golden) only_copy.emplace_back(name == "shared.weight" ? models::kT5TiedEmbedding : name, t);
+  data::write_safetensors(dir + "/only_copy.safetensors", only_copy);
+  EXPECT_TRUE(encodes_as_the_reference(dir + "/only_copy.safetensors"));
+
+  // Two shards and their index: block 0 and the embedding in one, the rest in the other.
+  data::NamedTensors first, second;
+  nlohmann::json map = nlohmann::json::object();
+  for (const auto& [name, t] : golden) {
+    const bool in_first = name == "shared.weight" || name.rfind("encoder.block.0.", 0) == 0;
+    (in_first ? first : second).emplace_back(name, t);
+    map[name] = in_first ? "model-00001-of-00002.safetensors" : "model-00002-of-00002.safetensors";
+  }
+  data::write_safetensors(dir + "/model-00001-of-00002.safetensors", first);
+  data::write_safetensors(dir + "/model-00002-of-00002.safetensors", second);
+  std::ofstream(dir + "/model.safetensors.index.json") << nlohmann::json{{"metadata", {{"total_size", 0}}}, {"weight_map", map}}.dump();
+  EXPECT_TRUE(encodes_as_the_reference(dir + "/model.safetensors.index.json"));
+
+  // A shard gone: one error naming it.
+  std::filesystem::remove(dir + "/model-00002-of-00002.safetensors");
+  T5Encoder t5(tiny_t5_options());
+  try {
+    trainer::load_weights_file(*t5, dir + "/model.safetensors.index.json", "", tied);
+    FAIL() << "loaded an index whose shard is missing";
+  } catch (const trainer::CheckpointError& e) {
+    EXPECT_NE(std::string(e.what()).find("model-00002-of-00002.safetensors does not exist"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace

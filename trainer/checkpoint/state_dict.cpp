@@ -1,6 +1,6 @@
 #include "trainer/checkpoint/state_dict.h"
 
-#include "data/safetensors.h"
+#include "data/weight_files.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -38,9 +38,31 @@ void load_state_dict(torch::nn::Module& module, const NamedTensors& tensors, con
   }
 }
 
-void load_weights_file(torch::nn::Module& module, const std::string& path, const std::string& prefix) {
-  const data::SafetensorsReader file(path);
+void load_weights_file(torch::nn::Module& module, const std::string& path, const std::string& prefix,
+                       const std::map<std::string, std::string>& tied) {
+  const data::WeightFiles file = [&] {
+    try {
+      return data::WeightFiles(path);
+    } catch (const data::DataError& e) {
+      throw CheckpointError(e.what());
+    }
+  }();
   std::set<std::string> in_file(file.keys().begin(), file.keys().end()), matched;
+  // A tied copy stands in for its tensor when the file lacks the tensor, and is ignored when it
+  // has both (the same values saved twice).
+  std::map<std::string, std::string> read_from;  // model key -> file key
+  for (const auto& [copy, tensor] : tied) {
+    if (!in_file.count(copy)) continue;
+    matched.insert(copy);
+    if (!in_file.count(tensor)) {
+      in_file.insert(tensor);
+      read_from[tensor] = copy;
+    }
+  }
+  auto file_key = [&](const std::string& key) {
+    const auto it = read_from.find(key);
+    return it == read_from.end() ? key : it->second;
+  };
   std::vector<std::string> missing, misshaped, unexpected;
   std::vector<std::pair<std::string, at::Tensor>> targets;
   for (auto& [name, target] : state_dict(module)) {
@@ -51,7 +73,7 @@ void load_weights_file(torch::nn::Module& module, const std::string& path, const
       continue;
     }
     matched.insert(key);
-    const std::vector<int64_t> shape = file.shape(key);
+    const std::vector<int64_t> shape = file.shape(file_key(key));
     if (target.sizes() != at::IntArrayRef(shape))
       misshaped.push_back(fmt::format("{} (file [{}], model [{}])", key, fmt::join(shape, ", "),
                                       fmt::join(target.sizes(), ", ")));
@@ -75,7 +97,7 @@ void load_weights_file(torch::nn::Module& module, const std::string& path, const
     throw CheckpointError(message + " (another architecture or size?)");
   }
   at::NoGradGuard no_grad;
-  for (auto& [key, target] : targets) target.copy_(file.get(key));
+  for (auto& [key, target] : targets) target.copy_(file.get(file_key(key)));
 }
 
 }  // namespace flowtrain::trainer

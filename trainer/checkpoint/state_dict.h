@@ -5,6 +5,7 @@
 #include <ATen/ATen.h>
 #include <torch/nn/module.h>
 
+#include <map>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -31,6 +32,11 @@ void load_state_dict(torch::nn::Module& module, const NamedTensors& tensors, con
 // file under its name without the prefix and with its shape, and the file may hold nothing else.
 // Every problem is collected first, so one CheckpointError names the file and each missing,
 // unexpected and mis-shaped key (with both shapes); nothing is copied unless all fit.
-void load_weights_file(torch::nn::Module& module, const std::string& path, const std::string& prefix);
+// `path` is one .safetensors file or a Hugging Face sharded checkpoint's *.safetensors.index.json
+// (data/weight_files.h). `tied` maps a file key that is a saved copy of a tied tensor to that
+// tensor's key (T5's encoder.embed_tokens.weight -> shared.weight): the copy is read when the
+// tensor is absent and ignored when both are there.
+void load_weights_file(torch::nn::Module& module, const std::string& path, const std::string& prefix,
+                       const std::map<std::string, std::string>& tied = {});
 
 }  // namespace flowtrain::trainer
