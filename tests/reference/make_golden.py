@@ -7,7 +7,7 @@ weights under the official key names, fixed inputs and the reference's outputs. 
 reference or a section changes, and commit what it writes to tests/reference/golden/:
 
   FLOWTRAIN_DEPS=~/.cache/flowtrain                   # where scripts/setup.sh put the PyPI torch
-  $FLOWTRAIN_DEPS/torch-2.11.0/bin/pip install einops safetensors transformers
+  $FLOWTRAIN_DEPS/torch-2.11.0/bin/pip install einops safetensors transformers sentencepiece protobuf
   # the FLUX reference: git clone https://github.com/black-forest-labs/flux (commit 802fb47; the src/ folder is enough)
   $FLOWTRAIN_DEPS/torch-2.11.0/bin/python tests/reference/make_golden.py --flux-src FLUX/src
 
@@ -23,6 +23,10 @@ Sections:
        FLUX loads have it), clip_tiny_io.safetensors (ids; hidden states; pooled by the
        config's eos_token_id 2 rule, the highest id, and by a first-eos_token_id rule),
        clip_l_keys.txt.
+  t5tok  transformers' T5Tokenizer on a SentencePiece model trained here as T5's was (unigram,
+       nmt_nfkc, pad 0, eos 1, unk 2, no bos): t5_spiece.model and t5_tokenizer_cases.txt, 2,000
+       varied captions (accents, CJK, emoji, punctuation, digits, odd spacing, long ones cut at
+       max_length 32) each with its ids as the reference pads and truncates them.
 """
 import argparse
 import os
@@ -181,14 +185,74 @@ def clip() -> None:
     print(f"clip: {sum(p.numel() for p in model.parameters())} parameters, full-size keys {len(full.state_dict())}")
 
 
+def varied_captions(n: int, seed: int) -> list[str]:
+    """Captions of the kinds a data set holds, drawn from a seeded generator."""
+    import random
+    rng = random.Random(seed)
+    words = ("a photo of the red dress on a wooden chair beside blue sneakers at night street market garden "
+             "portrait close-up watercolor painting sketch 4k highly detailed cinematic lighting woman man dog "
+             "cat city skyline ocean sunset mountain forest snow rain").split()
+    extra = ["café", "naïve", "Zürich", "résumé", "São Paulo", "東京の夜", "北京", "😀", "🐶🐱", "ﬁne", "Ｆｕｌｌ",
+             "½ cup", "x²", "—", "“quoted”", "it's", "can't", "e.g.", "U.S.A.", "#hashtag", "@user", "100%",
+             "3.14", "1,024", "2024-05-01", "C++", "<tag>", "a/b", "&amp;", "tab\there", "two  spaces", " lead",
+             "trail ", "ALL CAPS", "MiXeD", "Ελληνικά", "русский", "עברית", "العربية", "हिन्दी", "ß", "ﬀ"]
+    out = []
+    for i in range(n):
+        k = rng.choice([1, 3, 6, 10, 20, 45])  # the long ones exceed 32 tokens
+        parts = [rng.choice(words) if rng.random() < 0.75 else rng.choice(extra) for _ in range(k)]
+        text = " ".join(parts)
+        if rng.random() < 0.3:
+            text = text.capitalize() + rng.choice([".", "!", "?", ",", "...", ""])
+        out.append(text)
+    return out
+
+
+def t5_tokenizer() -> None:
+    import io
+    import shutil
+    import tempfile
+
+    import sentencepiece as spm
+    from transformers import T5Tokenizer
+
+    corpus = varied_captions(3000, seed=6)
+    model = io.BytesIO()
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(corpus), model_writer=model, model_type="unigram",
+                                   vocab_size=400, hard_vocab_limit=False, normalization_rule_name="nmt_nfkc", pad_id=0, eos_id=1,
+                                   unk_id=2, bos_id=-1, character_coverage=1.0, num_threads=1,
+                                   byte_fallback=False, minloglevel=2)
+    path = os.path.join(GOLDEN, "t5_spiece.model")
+    with open(path, "wb") as f:
+        f.write(model.getvalue())
+    # As a checkpoint's folder holds it (spiece.model): T5Tokenizer(vocab_file=…) in transformers 5
+    # does not convert the SentencePiece model, from_pretrained does.
+    with tempfile.TemporaryDirectory() as folder:
+        shutil.copy(path, os.path.join(folder, "spiece.model"))
+        tokenizer = T5Tokenizer.from_pretrained(folder, extra_ids=100, legacy=True)
+    captions = varied_captions(2000, seed=7)
+    max_length = 32
+    lines = [f"# transformers {__import__('transformers').__version__} T5Tokenizer.from_pretrained(spiece.model, "
+             f"extra_ids=100, legacy=True)(caption, max_length={max_length}, truncation=True, padding='max_length'): "
+             "the caption's line, then its ids (padding 0 dropped)"]
+    for caption in captions:
+        ids = tokenizer(caption, max_length=max_length, truncation=True, padding="max_length")["input_ids"]
+        assert "\n" not in caption
+        lines.append(caption)
+        lines.append(" ".join(str(i) for i in ids if i != 0))
+    with open(os.path.join(GOLDEN, "t5_tokenizer_cases.txt"), "w", encoding="utf-8") as f:
+        f.write("\n".join(lines) + "\n")
+    cut = sum(1 for line in lines[2::2] if len(line.split()) == max_length)
+    print(f"t5tok: {len(tokenizer)} ids, {len(captions)} captions, {cut} cut at {max_length}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--flux-src", help="the src/ folder of black-forest-labs/flux (section ae)")
-    parser.add_argument("sections", nargs="*", help="which to write (default: all): ae t5 clip")
+    parser.add_argument("sections", nargs="*", help="which to write (default: all): ae t5 clip t5tok")
     args = parser.parse_args()
-    args.sections = args.sections or ["ae", "t5", "clip"]
+    args.sections = args.sections or ["ae", "t5", "clip", "t5tok"]
     for section in args.sections:
-        if section not in ("ae", "t5", "clip"):
+        if section not in ("ae", "t5", "clip", "t5tok"):
             parser.error(f"unknown section '{section}'")
     if "ae" in args.sections and not args.flux_src:
         parser.error("section ae needs --flux-src")
@@ -200,6 +264,8 @@ def main() -> None:
         t5()
     if "clip" in args.sections:
         clip()
+    if "t5tok" in args.sections:
+        t5_tokenizer()
 
 
 if __name__ == "__main__":
