@@ -3,12 +3,11 @@
 #include "models/autoencoder/autoencoder.h"
 
 #include "data/safetensors.h"
-#include "test_util.h"
+#include "reference_golden.h"
 #include "trainer/checkpoint/state_dict.h"
 
 #include <gtest/gtest.h>
 
-#include <fstream>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -18,8 +17,6 @@ namespace {
 
 using models::Autoencoder;
 using models::AutoencoderOptions;
-
-std::string ae_golden(const std::string& name) { return test::source_path("tests/reference/golden/" + name); }
 
 // The tiny reference model's options, as make_golden.py built it.
 AutoencoderOptions tiny_ae_options() {
@@ -32,42 +29,28 @@ AutoencoderOptions tiny_ae_options() {
   return o;
 }
 
-// max |a − b| / max |b|: one number for a whole tensor, robust to entries near zero.
-double ae_relative_error(const at::Tensor& a, const at::Tensor& b) {
-  return (a - b).abs().max().item<double>() / b.abs().max().item<double>();
-}
-
 TEST(Autoencoder, FluxsHasTheOfficialKeysShapesAndOrder) {
   // ae_flux_keys.txt: the reference's state_dict of FLUX.1's autoencoder (built on the meta
   // device), one "name d0,d1,…" a line; ae.safetensors holds exactly these.
-  std::ifstream in(ae_golden("ae_flux_keys.txt"));
-  ASSERT_TRUE(in) << ae_golden("ae_flux_keys.txt");
-  std::vector<std::string> expected;
+  const std::vector<std::string> expected = test::golden_lines("ae_flux_keys.txt");
   int64_t expected_numel = 0;
-  for (std::string line; std::getline(in, line);) {
-    expected.push_back(line);
+  for (const std::string& line : expected) {
     std::stringstream dims(line.substr(line.find(' ') + 1));
     int64_t numel = 1;
     for (std::string d; std::getline(dims, d, ',');) numel *= std::stoll(d);
     expected_numel += numel;
   }
   const Autoencoder ae(models::flux_autoencoder_options());
-  std::vector<std::string> actual;
-  for (const auto& p : ae->named_parameters()) {
-    std::string line = p.key() + " ";
-    for (int64_t i = 0; i < p.value().dim(); ++i) line += (i ? "," : "") + std::to_string(p.value().size(i));
-    actual.push_back(line);
-  }
-  EXPECT_EQ(actual, expected);
+  EXPECT_EQ(test::key_shape_lines(*ae), expected);
   EXPECT_EQ(models::autoencoder_parameter_count(models::flux_autoencoder_options()), expected_numel);
   EXPECT_EQ(expected_numel, 83819683);  // FLUX.1's autoencoder: 83.8M parameters
 }
 
 TEST(Autoencoder, EncodesAndDecodesAsTheReference) {
   Autoencoder ae(tiny_ae_options());
-  trainer::load_weights_file(*ae, ae_golden("ae_tiny.safetensors"), "");  // strict: every key, every shape
+  trainer::load_weights_file(*ae, test::golden_path("ae_tiny.safetensors"), "");  // strict: every key, every shape
   EXPECT_EQ(models::autoencoder_parameter_count(tiny_ae_options()), 43619);  // the reference's count
-  const data::SafetensorsReader io(ae_golden("ae_tiny_io.safetensors"));
+  const data::SafetensorsReader io(test::golden_path("ae_tiny_io.safetensors"));
   at::NoGradGuard no_grad;
   const at::Tensor x = io.get("x");  // [2, 3, 16, 12]
   const models::LatentMoments m = ae->moments(x);
@@ -77,9 +60,9 @@ TEST(Autoencoder, EncodesAndDecodesAsTheReference) {
   // kernels, which may still sum in another order (threads, blocking): ~1e-7 relative per op
   // over ~20 ops. A wrong layer, pad side, resampling or key mapping is O(1) off.
   constexpr double kTolerance = 1e-5;
-  EXPECT_LT(ae_relative_error(at::cat({m.mean, m.logvar}, 1), io.get("moments")), kTolerance);
-  EXPECT_LT(ae_relative_error(z, io.get("z")), kTolerance);
-  EXPECT_LT(ae_relative_error(decoded, io.get("decoded")), kTolerance);
+  EXPECT_LT(test::relative_max_error(at::cat({m.mean, m.logvar}, 1), io.get("moments")), kTolerance);
+  EXPECT_LT(test::relative_max_error(z, io.get("z")), kTolerance);
+  EXPECT_LT(test::relative_max_error(decoded, io.get("decoded")), kTolerance);
   EXPECT_EQ(z.sizes(), (std::vector<int64_t>{2, 4, 8, 6}));  // 2× down per level past the first
   EXPECT_EQ(decoded.sizes(), x.sizes());
 }
@@ -89,7 +72,7 @@ TEST(Autoencoder, AFileOfAnotherShapeIsOneErrorNamingTheKeys) {
   wider.z_channels = 8;
   Autoencoder ae(wider);
   try {
-    trainer::load_weights_file(*ae, ae_golden("ae_tiny.safetensors"), "");
+    trainer::load_weights_file(*ae, test::golden_path("ae_tiny.safetensors"), "");
     FAIL() << "a file of 4 latent channels loaded into a model of 8";
   } catch (const trainer::CheckpointError& e) {
     const std::string what = e.what();

@@ -3,6 +3,7 @@
 #include "models/text/t5.h"
 
 #include "data/safetensors.h"
+#include "reference_golden.h"
 #include "test_util.h"
 #include "trainer/checkpoint/state_dict.h"
 
@@ -22,8 +23,6 @@ namespace {
 using models::T5Encoder;
 using models::T5Options;
 
-std::string t5_golden(const std::string& name) { return test::source_path("tests/reference/golden/" + name); }
-
 T5Options tiny_t5_options() {
   T5Options o;
   o.vocab_size = 64;
@@ -35,18 +34,12 @@ T5Options tiny_t5_options() {
   return o;
 }
 
-double t5_relative_error(const at::Tensor& a, const at::Tensor& b) {
-  return (a - b).abs().max().item<double>() / b.abs().max().item<double>();
-}
-
 TEST(T5, XxlHasTheReferenceKeysShapesAndOrder) {
   // t5_xxl_keys.txt: T5EncoderModel's state_dict for google/t5-v1_1-xxl (meta device). Its
   // `encoder.embed_tokens.weight` is `shared.weight` tied: save_pretrained writes the one tensor
   // once, as shared.weight (t5_tiny.safetensors holds no other), so the module has only that.
-  std::ifstream in(t5_golden("t5_xxl_keys.txt"));
-  ASSERT_TRUE(in);
   std::vector<std::string> expected;
-  for (std::string line; std::getline(in, line);)
+  for (const std::string& line : test::golden_lines("t5_xxl_keys.txt"))
     if (line.rfind("encoder.embed_tokens.weight ", 0) != 0) expected.push_back(line);
   // 4.76B parameters: the shapes, not the tensors (built once per test run would be 19 GB).
   T5Options xxl = models::t5_xxl_options();
@@ -56,12 +49,7 @@ TEST(T5, XxlHasTheReferenceKeysShapesAndOrder) {
   xxl.num_layers = 1;
   xxl.vocab_size = 8;  // the embedding's rows are checked from the list below
   const T5Encoder one(xxl);
-  std::vector<std::string> actual;
-  for (const auto& p : one->named_parameters()) {
-    std::string line = p.key() + " ";
-    for (int64_t i = 0; i < p.value().dim(); ++i) line += (i ? "," : "") + std::to_string(p.value().size(i));
-    actual.push_back(line);
-  }
+  const std::vector<std::string> actual = test::key_shape_lines(*one);
   ASSERT_EQ(actual.size(), 12u);
   EXPECT_EQ(actual[0], "shared.weight 8,4096");
   EXPECT_EQ(expected[0], "shared.weight 32128,4096");
@@ -80,32 +68,32 @@ TEST(T5, RelativePositionBucketsAreTheReferences) {
 
 TEST(T5, EncodesAsTheReferenceWithAndWithoutThePaddingMask) {
   T5Encoder t5(tiny_t5_options());
-  trainer::load_weights_file(*t5, t5_golden("t5_tiny.safetensors"), "");  // as save_pretrained wrote it
-  const data::SafetensorsReader io(t5_golden("t5_tiny_io.safetensors"));
+  trainer::load_weights_file(*t5, test::golden_path("t5_tiny.safetensors"), "");  // as save_pretrained wrote it
+  const data::SafetensorsReader io(test::golden_path("t5_tiny_io.safetensors"));
   at::NoGradGuard no_grad;
   const at::Tensor ids = io.get("ids"), mask = io.get("mask");
   // Tolerance: fp32 both sides, the same GEMMs and softmax but possibly another summation order
   // (and the reference's GELU-tanh spelled out against ATen's): ~1e-7 relative per op over two
   // blocks. A missing bias, scaling, mask or norm is O(1) off.
   constexpr double kTolerance = 1e-5;
-  EXPECT_LT(t5_relative_error(t5(ids), io.get("hidden")), kTolerance);           // FLUX's: no mask
-  EXPECT_LT(t5_relative_error(t5(ids, mask), io.get("hidden_masked")), kTolerance);
+  EXPECT_LT(test::relative_max_error(t5(ids), io.get("hidden")), kTolerance);           // FLUX's: no mask
+  EXPECT_LT(test::relative_max_error(t5(ids, mask), io.get("hidden_masked")), kTolerance);
   // The mask matters for the padded row only.
-  EXPECT_GT(t5_relative_error(t5(ids)[1], io.get("hidden_masked")[1]), 1e-3);
+  EXPECT_GT(test::relative_max_error(t5(ids)[1], io.get("hidden_masked")[1]), 1e-3);
 }
 
 // The forms a T5 checkpoint comes in: save_pretrained's single file (the golden one), a file that
 // also holds the tied copy of the embedding (or only it), and a sharded index as T5-XXL ships.
 TEST(T5, LoadsTiedCopiesAndShardedCheckpoints) {
-  const data::NamedTensors golden = data::read_safetensors(t5_golden("t5_tiny.safetensors"));
-  const data::SafetensorsReader io(t5_golden("t5_tiny_io.safetensors"));
+  const data::NamedTensors golden = data::read_safetensors(test::golden_path("t5_tiny.safetensors"));
+  const data::SafetensorsReader io(test::golden_path("t5_tiny_io.safetensors"));
   const std::string dir = test::scratch_dir("t5_forms");
   const std::map<std::string, std::string> tied = {{models::kT5TiedEmbedding, "shared.weight"}};
   auto encodes_as_the_reference = [&](const std::string& path) {
     T5Encoder t5(tiny_t5_options());
     trainer::load_weights_file(*t5, path, "", tied);
     at::NoGradGuard no_grad;
-    return t5_relative_error(t5(io.get("ids")), io.get("hidden")) < 1e-5;
+    return test::relative_max_error(t5(io.get("ids")), io.get("hidden")) < 1e-5;
   };
   at::Tensor shared;
   for (const auto& [name, t] : golden)

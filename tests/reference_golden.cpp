@@ -1,0 +1,35 @@
+#include "reference_golden.h"
+
+#include "test_util.h"
+
+#include <gtest/gtest.h>
+
+#include <fstream>
+
+namespace flowtrain::test {
+
+std::string golden_path(const std::string& name) { return source_path("tests/reference/golden/" + name); }
+
+std::vector<std::string> key_shape_lines(const torch::nn::Module& module) {
+  std::vector<std::string> lines;
+  for (const auto& p : module.named_parameters()) {
+    std::string line = p.key() + " ";
+    for (int64_t i = 0; i < p.value().dim(); ++i) line += (i ? "," : "") + std::to_string(p.value().size(i));
+    lines.push_back(line);
+  }
+  return lines;
+}
+
+std::vector<std::string> golden_lines(const std::string& name) {
+  std::ifstream in(golden_path(name));
+  if (!in) ADD_FAILURE() << "cannot read " << golden_path(name);
+  std::vector<std::string> lines;
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  return lines;
+}
+
+double relative_max_error(const at::Tensor& actual, const at::Tensor& expected) {
+  return (actual - expected).abs().max().item<double>() / expected.abs().max().item<double>();
+}
+
+}  // namespace flowtrain::test
