@@ -31,11 +31,12 @@ std::string tiny_config(const std::string& arch) {
   const std::string dit = source_path("tests/configs/tiny_fashion.yaml");
   if (arch == "dit") return dit;
   const std::string path = scratch_dir("tiny_config_" + arch) + "/tiny.yaml";
-  std::istringstream in(read_file(dit));
+  const std::string text = read_file(dit);
+  std::istringstream in(text);
   std::string kept;
   for (std::string line; std::getline(in, line);)
     if (line.find("num_classes:") == std::string::npos) kept += line + "\n";
-  if (kept.size() + 1 >= read_file(dit).size()) throw std::runtime_error("tiny_config: no num_classes line in " + dit);
+  if (kept.size() + 1 >= text.size()) throw std::runtime_error("tiny_config: no num_classes line in " + dit);
   std::ofstream(path) << kept;
   return path;
 }

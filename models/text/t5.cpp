@@ -1,5 +1,7 @@
 #include "models/text/t5.h"
 
+#include <ATen/Dispatch.h>
+
 #include <cmath>
 #include <limits>
 
@@ -117,10 +119,12 @@ at::Tensor T5EncoderImpl::forward(const at::Tensor& ids, const std::optional<at:
   auto* first = encoder->block[0]->as<T5Block>()->layer[0]->as<T5LayerSelfAttention>();
   at::Tensor bias = first->SelfAttention->position_bias(ids.size(1));  // block 0's, shared by all
   if (mask) {
-    // A padding key gets the dtype's lowest value added (as the reference), so softmax gives it 0.
-    const double lowest = h.scalar_type() == at::kBFloat16 ? -3.3895313892515355e38 : std::numeric_limits<float>::lowest();
-    const at::Tensor additive = at::where(mask->view({ids.size(0), 1, 1, ids.size(1)}), 0.0, lowest).to(bias.scalar_type());
-    bias = bias + additive;
+    // A padding key gets its dtype's lowest value added (the reference's finfo.min), so softmax gives it 0.
+    double lowest = 0;
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, bias.scalar_type(), "t5_padding_mask",
+                                    [&] { lowest = static_cast<double>(std::numeric_limits<scalar_t>::lowest()); });
+    const at::Tensor padding = ~mask->view({ids.size(0), 1, 1, ids.size(1)});
+    bias = bias + at::zeros(padding.sizes(), bias.options()).masked_fill(padding, lowest);
   }
   for (const auto& block : *encoder->block) h = block->as<T5Block>()->forward(h, bias);
   return encoder->final_layer_norm(h);
