@@ -7,7 +7,8 @@ weights under the official key names, fixed inputs and the reference's outputs. 
 reference or a section changes, and commit what it writes to tests/reference/golden/:
 
   FLOWTRAIN_DEPS=~/.cache/flowtrain                   # where scripts/setup.sh put the PyPI torch
-  $FLOWTRAIN_DEPS/torch-2.11.0/bin/pip install einops safetensors transformers sentencepiece protobuf
+  $FLOWTRAIN_DEPS/torch-2.11.0/bin/pip install einops safetensors transformers sentencepiece protobuf ftfy
+  $FLOWTRAIN_DEPS/torch-2.11.0/bin/pip install --no-deps open_clip_torch==3.3.0 torchvision==0.26.0  # keeps torch 2.11
   # the FLUX reference: git clone https://github.com/black-forest-labs/flux (commit 802fb47; the src/ folder is enough)
   $FLOWTRAIN_DEPS/torch-2.11.0/bin/python tests/reference/make_golden.py --flux-src FLUX/src
 
@@ -27,6 +28,11 @@ Sections:
        nmt_nfkc, pad 0, eos 1, unk 2, no bos): t5_spiece.model and t5_tokenizer_cases.txt, 2,000
        varied captions (accents, CJK, emoji, punctuation, digits, odd spacing, long ones cut at
        max_length 32) each with its ids as the reference pads and truncates them.
+  cliptok  CLIP's tokenizer: clip_tokenizer_cases.txt.gz, 2,000 varied captions (one in four with
+       a piece that ftfy or HTML unescaping changes) with the ids of transformers' CLIPTokenizer
+       and of open_clip's SimpleTokenizer, both on the vocabulary open_clip ships (the test reads
+       it from $FLOWTRAIN_DEPS/clip/, where scripts/setup.sh puts it); clip_tokenizer_small/: a
+       2,000-merge vocabulary as Hugging Face's vocab.json + merges.txt with transformers' ids.
 """
 import argparse
 import os
@@ -185,8 +191,8 @@ def clip() -> None:
     print(f"clip: {sum(p.numel() for p in model.parameters())} parameters, full-size keys {len(full.state_dict())}")
 
 
-def varied_captions(n: int, seed: int) -> list[str]:
-    """Captions of the kinds a data set holds, drawn from a seeded generator."""
+def varied_captions(n: int, seed: int, more: tuple = (), lengths: tuple = (1, 3, 6, 10, 20, 45)) -> list[str]:
+    """Captions of the kinds a data set holds, drawn from a seeded generator (`more`: extra pieces)."""
     import random
     rng = random.Random(seed)
     words = ("a photo of the red dress on a wooden chair beside blue sneakers at night street market garden "
@@ -195,10 +201,10 @@ def varied_captions(n: int, seed: int) -> list[str]:
     extra = ["café", "naïve", "Zürich", "résumé", "São Paulo", "東京の夜", "北京", "😀", "🐶🐱", "ﬁne", "Ｆｕｌｌ",
              "½ cup", "x²", "—", "“quoted”", "it's", "can't", "e.g.", "U.S.A.", "#hashtag", "@user", "100%",
              "3.14", "1,024", "2024-05-01", "C++", "<tag>", "a/b", "&amp;", "tab\there", "two  spaces", " lead",
-             "trail ", "ALL CAPS", "MiXeD", "Ελληνικά", "русский", "עברית", "العربية", "हिन्दी", "ß", "ﬀ"]
+             "trail ", "ALL CAPS", "MiXeD", "Ελληνικά", "русский", "עברית", "العربية", "हिन्दी", "ß", "ﬀ"] + list(more)
     out = []
     for i in range(n):
-        k = rng.choice([1, 3, 6, 10, 20, 45])  # the long ones exceed 32 tokens
+        k = rng.choice(lengths)  # the long ones exceed the tokenizer's max_length
         parts = [rng.choice(words) if rng.random() < 0.75 else rng.choice(extra) for _ in range(k)]
         text = " ".join(parts)
         if rng.random() < 0.3:
@@ -245,14 +251,99 @@ def t5_tokenizer() -> None:
     print(f"t5tok: {len(tokenizer)} ids, {len(captions)} captions, {cut} cut at {max_length}")
 
 
+# Text that the references' clean-up changes: HTML entities (open_clip unescapes them twice),
+# mojibake, curly quotes, ligatures, full-width forms, C1 controls (ftfy.fix_text), combining
+# accents (NFC), and Unicode whitespace.
+CLEANUP_PIECES = ("&quot;x&quot;", "&#39;s", "Tom &amp; Jerry", "&lt;b&gt;", "&amp;amp;", "&eacute;t&eacute;", "&#x2014;",
+                  "cafÃ©", "naÃ¯ve", "â€œmojibakeâ€\x9d", "‘single’", "„low“", "ﬁeld", "ﬂower", "ＡＢＣ", "１２３",
+                  "e\u0301clair", "A\u030a", "no\u00a0break", "thin\u2009space", "ideo\u3000graphic",
+                  "İstanbul", "ΣΟΦΟΣ", "Straße", "ǅ", "x\u0085y", "ﬆ", "½", "⅔", "Ⅻ", "²³", "٣", "〇")
+
+
+def write_hugging_face_clip_files(folder: str, vocab: list, merges: list) -> None:
+    import json
+    with open(os.path.join(folder, "vocab.json"), "w", encoding="utf-8") as f:
+        json.dump({t: i for i, t in enumerate(vocab)}, f, ensure_ascii=False)
+    with open(os.path.join(folder, "merges.txt"), "w", encoding="utf-8") as f:
+        f.write("#version: 0.2\n" + "\n".join(merges) + "\n")
+
+
+def clip_tokenizer() -> None:
+    import gzip
+    import hashlib
+    import tempfile
+
+    import ftfy
+    import open_clip
+    from open_clip.tokenizer import SimpleTokenizer, bytes_to_unicode, default_bpe
+    from transformers import CLIPTokenizer
+
+    bpe_path = default_bpe()
+    with open(bpe_path, "rb") as f:
+        digest = hashlib.sha256(f.read()).hexdigest()
+    reference = SimpleTokenizer(bpe_path)
+    # The released Hugging Face files (vocab.json + merges.txt) hold the same vocabulary as
+    # open_clip's file: FLUX's CLIPTokenizer reads those.
+    merges = gzip.open(bpe_path).read().decode("utf-8").split("\n")[1:49152 - 256 - 2 + 1]
+    vocab = list(bytes_to_unicode().values())
+    vocab = vocab + [v + "</w>" for v in vocab] + ["".join(m.split()) for m in merges] + ["<|startoftext|>", "<|endoftext|>"]
+    with tempfile.TemporaryDirectory() as folder:
+        write_hugging_face_clip_files(folder, vocab, merges)
+        hf = CLIPTokenizer.from_pretrained(folder)
+    assert hf.bos_token_id == 49406 and hf.eos_token_id == 49407 == hf.pad_token_id
+
+    import random
+    rng = random.Random(9)
+    captions = varied_captions(2000, seed=8, lengths=(1, 3, 6, 10, 20, 45, 70))
+    for i in range(0, len(captions), 4):  # one caption in four gets a piece the clean-ups change
+        words = captions[i].split(" ")
+        words.insert(rng.randrange(len(words) + 1), rng.choice(CLEANUP_PIECES))
+        captions[i] = " ".join(words)
+    max_length = 77
+    lines = [f"# open_clip {open_clip.__version__} SimpleTokenizer (ftfy {ftfy.__version__}) on bpe_simple_vocab_16e6.txt.gz "
+             f"sha256 {digest}, and transformers {__import__('transformers').__version__} CLIPTokenizer on the same "
+             f"vocabulary, at max_length {max_length}: per caption three lines: the caption (unicode_escape'd), "
+             "the ids transformers gives (padding dropped), the ids open_clip gives (padding dropped; = when the same)"]
+    differ = 0
+    for caption in captions:
+        assert "\n" not in caption and "\r" not in caption
+        ids_hf = hf(caption, max_length=max_length, truncation=True, padding="max_length")["input_ids"]
+        ids_hf = ids_hf[:ids_hf.index(49407) + 1]
+        ids_oc = reference([caption], context_length=max_length)[0].tolist()
+        ids_oc = ids_oc[:ids_oc.index(49407) + 1]
+        differ += ids_hf != ids_oc
+        lines += [caption.encode("unicode_escape").decode("ascii"), " ".join(map(str, ids_hf)),
+                  "=" if ids_oc == ids_hf else " ".join(map(str, ids_oc))]
+    with gzip.open(os.path.join(GOLDEN, "clip_tokenizer_cases.txt.gz"), "wt", encoding="ascii", compresslevel=9) as f:
+        f.write("\n".join(lines) + "\n")
+    cut = sum(1 for line in lines[2::3] if len(line.split()) == max_length)
+
+    # The Hugging Face files as they are read: a small vocabulary (the first 2,000 merges) in
+    # vocab.json + merges.txt, and transformers' ids with it.
+    small = os.path.join(GOLDEN, "clip_tokenizer_small")
+    os.makedirs(small, exist_ok=True)
+    small_vocab = vocab[:512] + vocab[512:512 + 2000] + ["<|startoftext|>", "<|endoftext|>"]
+    write_hugging_face_clip_files(small, small_vocab, merges[:2000])
+    small_hf = CLIPTokenizer.from_pretrained(small)
+    small_lines = [f"# transformers {__import__('transformers').__version__} CLIPTokenizer.from_pretrained(this folder) "
+                   f"at max_length {max_length}: the caption (unicode_escape'd), then its ids (padding dropped)"]
+    for caption in captions[:150]:
+        ids = small_hf(caption, max_length=max_length, truncation=True, padding="max_length")["input_ids"]
+        end = small_hf.eos_token_id
+        small_lines += [caption.encode("unicode_escape").decode("ascii"), " ".join(map(str, ids[:ids.index(end) + 1]))]
+    with open(os.path.join(small, "cases.txt"), "w", encoding="ascii") as f:
+        f.write("\n".join(small_lines) + "\n")
+    print(f"cliptok: {len(captions)} captions, {cut} cut at {max_length}, {differ} where the two references differ")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--flux-src", help="the src/ folder of black-forest-labs/flux (section ae)")
-    parser.add_argument("sections", nargs="*", help="which to write (default: all): ae t5 clip t5tok")
+    parser.add_argument("sections", nargs="*", help="which to write (default: all): ae t5 clip t5tok cliptok")
     args = parser.parse_args()
-    args.sections = args.sections or ["ae", "t5", "clip", "t5tok"]
+    args.sections = args.sections or ["ae", "t5", "clip", "t5tok", "cliptok"]
     for section in args.sections:
-        if section not in ("ae", "t5", "clip", "t5tok"):
+        if section not in ("ae", "t5", "clip", "t5tok", "cliptok"):
             parser.error(f"unknown section '{section}'")
     if "ae" in args.sections and not args.flux_src:
         parser.error("section ae needs --flux-src")
@@ -266,6 +357,8 @@ def main() -> None:
         clip()
     if "t5tok" in args.sections:
         t5_tokenizer()
+    if "cliptok" in args.sections:
+        clip_tokenizer()
 
 
 if __name__ == "__main__":

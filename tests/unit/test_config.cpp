@@ -674,7 +674,6 @@ TEST(ConfigTest, FluxSizesReportTheirCostWithoutBuildingAndNeedTextData) {
 }
 
 }  // namespace
-}  // namespace flowtrain::trainer
 
 TEST(ConfigTest, NestedMapsSpellDottedKeys) {
   using namespace flowtrain::trainer;
@@ -751,3 +750,4 @@ TEST(ConfigTest, TheReadmesConfigReferenceIsTheSchemasOutput) {
         << expected;
   }
 }
+}  // namespace flowtrain::trainer
