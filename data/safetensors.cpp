@@ -154,11 +154,13 @@ bool checked_mul(uint64_t a, uint64_t b, uint64_t* out) { return !__builtin_mul_
 
 }  // namespace
 
-WrittenFile write_safetensors(const std::string& path, const NamedTensors& tensors,
-                              const std::map<std::string, std::string>& metadata) {
-  const std::string where = "safetensors file " + path + ": ";
-  // Header first: sizes are known without copying, so CUDA tensors are staged one at a time below
-  // instead of all at once.
+namespace {
+
+// The 8-byte length and the JSON header of a file holding `tensors`; `where` starts errors.
+std::string safetensors_header(const std::string& where, const NamedTensors& tensors,
+                               const std::map<std::string, std::string>& metadata) {
+  // Sizes are known without copying, so CUDA tensors are staged one at a time after it instead
+  // of all at once.
   nlohmann::ordered_json header = nlohmann::ordered_json::object();
   if (!metadata.empty()) header["__metadata__"] = metadata;
   std::set<std::string> seen;
@@ -191,13 +193,28 @@ WrittenFile write_safetensors(const std::string& path, const NamedTensors& tenso
   }
   // Pad with spaces (valid JSON whitespace) so the data buffer starts 8-byte aligned.
   json.append((8 - json.size() % 8) % 8, ' ');
-  unsigned char length[8];
-  for (int i = 0; i < 8; ++i) length[i] = static_cast<unsigned char>(uint64_t{json.size()} >> (8 * i));
+  std::string out(8, '\0');
+  for (int i = 0; i < 8; ++i) out[i] = static_cast<char>(uint64_t{json.size()} >> (8 * i));
+  return out + json;
+}
 
+}  // namespace
+
+std::string safetensors_bytes(const NamedTensors& tensors, const std::map<std::string, std::string>& metadata) {
+  std::string out = safetensors_header("safetensors bytes: ", tensors, metadata);
+  for (const auto& [name, tensor] : tensors) {
+    const at::Tensor cpu = tensor.to(at::kCPU).contiguous();
+    out.append(static_cast<const char*>(cpu.data_ptr()), static_cast<size_t>(cpu.numel()) * cpu.element_size());
+  }
+  return out;
+}
+
+WrittenFile write_safetensors(const std::string& path, const NamedTensors& tensors,
+                              const std::map<std::string, std::string>& metadata) {
+  const std::string header = safetensors_header("safetensors file " + path + ": ", tensors, metadata);
   TempFile tmp(path + ".tmp");
   WrittenFile written;
-  write_all(tmp.fd(), length, sizeof(length), tmp.path(), written);
-  write_all(tmp.fd(), json.data(), json.size(), tmp.path(), written);
+  write_all(tmp.fd(), header.data(), header.size(), tmp.path(), written);
   for (const auto& [name, tensor] : tensors) {
     const at::Tensor cpu = tensor.to(at::kCPU).contiguous();
     const uint64_t nbytes = static_cast<uint64_t>(cpu.numel()) * cpu.element_size();

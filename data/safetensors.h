@@ -33,6 +33,9 @@ struct WrittenFile {
 WrittenFile write_safetensors(const std::string& path, const NamedTensors& tensors,
                        const std::map<std::string, std::string>& metadata = {});
 
+// The bytes of such a file, in memory (a WebDataset member: `flowtrain data encode`).
+std::string safetensors_bytes(const NamedTensors& tensors, const std::map<std::string, std::string>& metadata = {});
+
 // Validates the whole header at open (lengths, JSON, dtypes, shapes against byte sizes, offsets
 // tiling the buffer exactly, duplicate keys, metadata types) and throws DataError naming the file
 // on the first problem. Tensor bytes are read through a read-only mmap held for the reader's

@@ -18,12 +18,13 @@ Sections:
        every key and shape of the full-size FLUX.1 autoencoder, built on the meta device.
   t5   transformers' T5EncoderModel (T5 v1.1: gated GELU, relative position bias), tiny:
        t5_tiny.safetensors as save_pretrained writes it, t5_tiny_io.safetensors (ids, mask, the
-       last hidden state with the mask and without it, FLUX's way), t5_xxl_keys.txt.
+       last hidden state with the mask and without it, FLUX's way), t5_xxl_keys.txt,
+       t5_tiny_config.json (the config.json a release folder holds).
   clip transformers' CLIPTextModel, tiny: clip_tiny.safetensors under the released files' names
        (`text_model.` + the module names: transformers 5 saves without the prefix, the files
        FLUX loads have it), clip_tiny_io.safetensors (ids; hidden states; pooled by the
        config's eos_token_id 2 rule, the highest id, and by a first-eos_token_id rule),
-       clip_l_keys.txt.
+       clip_l_keys.txt, clip_tiny_config.json.
   t5tok  transformers' T5Tokenizer on a SentencePiece model trained here as T5's was (unigram,
        nmt_nfkc, pad 0, eos 1, unk 2, no bos): t5_spiece.model and t5_tokenizer_cases.txt, 2,000
        varied captions (accents, CJK, emoji, punctuation, digits, odd spacing, long ones cut at
@@ -137,6 +138,7 @@ def t5() -> None:
             data = src.read()
     with open(os.path.join(GOLDEN, "t5_tiny.safetensors"), "wb") as dst:
         dst.write(data)
+    model.config.to_json_file(os.path.join(GOLDEN, "t5_tiny_config.json"))  # the release folder's config.json
     # 150 positions: distances past 8 (log buckets) and past 128 (the last bucket); row 1 padded
     # after 100 tokens as FLUX's tokenizer pads (id 0).
     gen = torch.Generator().manual_seed(4)
@@ -175,6 +177,7 @@ def clip() -> None:
                                  num_attention_heads=4, max_position_embeddings=16)).eval()
     seeded_weights(model, seed=5)
     weights = {"text_model." + k: v.contiguous() for k, v in model.state_dict().items()}
+    model.config.to_json_file(os.path.join(GOLDEN, "clip_tiny_config.json"))  # the release folder's config.json
     # Row 0 as CLIP's tokenizer writes a caption: start 98, words, end 99, padded with the end token.
     # Row 1: end token 50 at position 5 and a higher id 99 at 10, where the two pooling rules part.
     ids = torch.tensor([[98, 10, 11, 12, 13, 14, 15, 99] + [99] * 8,

@@ -95,7 +95,9 @@ TEST(ConfigTest, AllKeysListsEverySettingInFileOrder) {
   const std::vector<std::string> expected = {
       "run.name", "run.out_dir", "run.seed", "run.device",
       "model.arch", "model.size", "model.hidden", "model.depth", "model.heads", "model.mlp_ratio", "model.patch",
-      "model.image_size", "model.frames", "model.in_channels",
+      "model.image_size", "model.frames", "model.in_channels", "model.autoencoder", "model.text_encoders.t5",
+      "model.text_encoders.t5_tokenizer", "model.text_encoders.t5_max_length", "model.text_encoders.clip",
+      "model.text_encoders.clip_tokenizer",
       // The families' own keys, in registration order (dit, flux).
       "model.num_classes", "model.class_dropout", "model.learn_sigma",
       "model.depth_single", "model.context_dim", "model.vec_dim", "model.axes_dim", "model.theta", "model.text_len",
@@ -124,7 +126,8 @@ TEST(ConfigTest, AllKeysListsEverySettingInFileOrder) {
       "health.memory_window", "health.throughput_drop", "health.throughput_patience", "health.telemetry_every",
       "debug.allow_inject", "debug.inject.nan_grad_step", "debug.inject.nan_grad_rank", "debug.inject.nan_grad_param",
       "debug.inject.spike_step", "debug.inject.spike_factor", "debug.inject.slow_rank", "debug.inject.slow_seconds",
-      "debug.inject.slow_worker_seconds", "debug.inject.slow_from_step", "debug.inject.leak_mib_per_step", "debug.inject.reduction", "debug.inject.checkpoint_pause"};
+      "debug.inject.slow_worker_seconds", "debug.inject.slow_from_step", "debug.inject.leak_mib_per_step", "debug.inject.reduction", "debug.inject.encode_kill_after",
+      "debug.inject.checkpoint_pause"};
   EXPECT_EQ(all_keys(), expected);
 }
 
@@ -364,6 +367,14 @@ Config everything_changed(const std::string& arch = "dit") {
   c.model.image_size = 28;
   c.model.in_channels = 1;
   c.model.mlp_ratio = 2.5;
+  c.model.autoencoder = "/w/ae.safetensors";
+  if (arch != "dit") {  // text encoders serve text-conditioned families only
+    c.model.t5_encoder = "/w/text_encoder_2";
+    c.model.t5_tokenizer = "/w/tokenizer_2/spiece.model";
+    c.model.t5_max_length = 256;
+    c.model.clip_encoder = "/w/text_encoder";
+    c.model.clip_tokenizer = "/w/tokenizer";
+  }
   if (arch == "dit") {
     c.model.size = "tiny";
     auto& dit = c.model.family<families::DiTConfig>();
@@ -402,7 +413,7 @@ Config everything_changed(const std::string& arch = "dit") {
                 BackendChoice::gloo, 30.5};
   c.health = {NonfinitePolicy::rollback, 3, SpikePolicy::skip, 5.0, 3.0, 50, 20, 2.0, 100, 500, 0.5, 2, 25};
   c.debug = {true, 7, 1, "blocks.0.mlp.fc1.weight", 9, 4.0, 1, 0.5, 0.25, 3, 1.5, parallel::ReductionFault::NoContextSum,
-             "10:5:torn"};
+             "10:5:torn", 2};
   return c;
 }
 
@@ -418,7 +429,9 @@ TEST(ConfigTest, ToYamlRoundTripsEveryField) {
     Config defaults;
     defaults.model.arch = arch;
     const Config changed = everything_changed(arch);
-    EXPECT_EQ(diff_keys(defaults, changed).size(), keys_of(changed).size() - (arch == "dit" ? 2 : 1)) << arch;
+    // model.arch stays; the DiT also keeps model.frames and the five text-encoder keys (they serve
+    // text-conditioned families only).
+    EXPECT_EQ(diff_keys(defaults, changed).size(), keys_of(changed).size() - (arch == "dit" ? 2 + 5 : 1)) << arch;
   }
   // Between families, a key of one family only is a difference.
   const std::vector<std::string> across = diff_keys(everything_changed("dit"), everything_changed("flux"));
@@ -749,5 +762,18 @@ TEST(ConfigTest, TheReadmesConfigReferenceIsTheSchemasOutput) {
         << "README.md's config reference lacks, or has another, block of model.arch " << arch << "'s keys:\n"
         << expected;
   }
+}
+}  // namespace flowtrain::trainer
+
+namespace flowtrain::trainer {
+TEST(ConfigTest, FrozenTextEncodersComeWithTheirTokenizersAndServeTextFamilies) {
+  const std::string lone = parse_error("model:\n  arch: flux\n  size: flux-tiny\n  text_encoders:\n    t5: /w/t5\n");
+  EXPECT_NE(lone.find("'model.text_encoders.t5' and 'model.text_encoders.t5_tokenizer' go together"), std::string::npos)
+      << lone;
+  const std::string dit =
+      parse_error("model:\n  text_encoders:\n    clip: /w/clip\n    clip_tokenizer: /w/tokenizer\n");
+  EXPECT_NE(dit.find("model.arch dit is class-conditional; text encoders serve flux"), std::string::npos) << dit;
+  // The autoencoder serves any family (a DiT on latents).
+  EXPECT_EQ(parse_config("model:\n  autoencoder: /w/ae.safetensors\n", "cfg.yaml").model.autoencoder, "/w/ae.safetensors");
 }
 }  // namespace flowtrain::trainer

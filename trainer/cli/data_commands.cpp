@@ -3,7 +3,9 @@
 #include "data/fashion_mnist.h"
 #include "data/shards/pack.h"
 #include "data/shards/shard_inspect.h"
+#include "parallel/env.h"
 #include "trainer/cli/command.h"
+#include "trainer/frozen/encode_shards.h"
 #include "trainer/telemetry/run_log.h"
 
 #include <spdlog/spdlog.h>
@@ -68,6 +70,35 @@ std::vector<Command> add_data_commands(CLI::App& app) {
                         spdlog::info("packed {} samples into {} shards ({:.1f} MB) in {:.1f} s", r.samples, r.shards,
                                      r.bytes / 1e6, seconds_since(t0));
                         std::printf("%s\n", r.pattern.c_str());  // for data.shards
+                        return 0;
+                      }});
+
+  auto encode_config = std::make_shared<ConfigArgs>();
+  auto encode_options = std::make_shared<trainer::EncodeOptions>();
+  auto encode_dtype = std::make_shared<std::string>("fp32");
+  auto* encode = data_cmd->add_subcommand(
+      "encode", "run the config's frozen models (model.autoencoder, model.text_encoders.*) over image+caption shards: "
+                "writes shards of the same names with .latent/.txt_emb/.vec.safetensors members; on N ranks each takes "
+                "every N-th shard; a rerun skips finished shards (trainer/frozen/encode_shards.h)");
+  encode_config->add_to(encode);
+  encode->add_option("--in", encode_options->inputs, "input shards: entries or brace patterns")->required();
+  encode->add_option("--out", encode_options->out_dir, "output directory")->required();
+  encode->add_option("--dtype", *encode_dtype, "of the written latents and embeddings: fp32 | bf16")
+      ->check(CLI::IsMember({"fp32", "bf16"}))
+      ->capture_default_str();
+  encode->add_option("--batch", encode_options->batch, "samples per encoder call")->capture_default_str();
+  commands.push_back({encode, [encode_config, encode_options, encode_dtype] {
+                        const trainer::Config config = encode_config->load();
+                        const parallel::DistEnv env = parallel::resolve_dist_env_from_process();
+                        trainer::setup_logging("");
+                        encode_options->dtype = *encode_dtype == "bf16" ? at::kBFloat16 : at::kFloat;
+                        const auto t0 = std::chrono::steady_clock::now();
+                        const trainer::EncodeReport r =
+                            trainer::encode_shards(config, *encode_options, env.rank, env.world);
+                        spdlog::info("data encode: rank {}/{}: wrote {} shards ({} samples, {} damaged skipped), {} "
+                                     "already done, in {:.1f} s",
+                                     env.rank, env.world, r.shards, r.samples, r.damaged, r.skipped_shards,
+                                     seconds_since(t0));
                         return 0;
                       }});
 

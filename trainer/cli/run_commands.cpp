@@ -7,6 +7,7 @@
 #include "trainer/cli/command.h"
 #include "trainer/config/resolve.h"
 #include "trainer/family.h"
+#include "trainer/frozen/frozen_models.h"
 #include "trainer/trainer.h"
 
 #include <spdlog/sinks/stdout_color_sinks.h>
@@ -137,8 +138,18 @@ std::vector<Command> add_run_commands(CLI::App& app) {
   commands.push_back({config, [config_args, planned] { return cmd_config(*config_args, *planned); }});
 
   auto export_options = std::make_shared<trainer::ExportOptions>();
-  auto* exporter = app.add_subcommand("export", "write a checkpoint's weights as one safetensors file");
-  exporter->add_option("--checkpoint", export_options->checkpoint_dir, "checkpoint directory")->required();
+  auto component = std::make_shared<std::pair<std::string, std::string>>();  // name, source path
+  auto* exporter = app.add_subcommand(
+      "export", "write a checkpoint's weights as one safetensors file, or a frozen model (--component) back as its "
+                "release holds it");
+  auto* from_checkpoint =
+      exporter->add_option("--checkpoint", export_options->checkpoint_dir, "checkpoint directory");
+  auto* component_option = exporter->add_option("--component", component->first, "autoencoder | t5 | clip")
+                               ->check(CLI::IsMember({"autoencoder", "t5", "clip"}));
+  from_checkpoint->excludes(component_option);
+  exporter->add_option("--from", component->second,
+                       "with --component: ae.safetensors, or the T5 / CLIP release folder (config.json + weights)")
+      ->needs(component_option);
   exporter->add_option("--out", export_options->out_path, "output .safetensors file")->required();
   exporter->add_option("--text-encoder-out", export_options->text_encoder_out,
                        "with a built-in text encoder: its weights' file (--out gets the transformer alone)");
@@ -146,8 +157,19 @@ std::vector<Command> add_run_commands(CLI::App& app) {
   exporter->add_option("--dtype", export_options->dtype, "fp32 | bf16")
       ->check(CLI::IsMember({"fp32", "bf16"}))
       ->capture_default_str();
-  commands.push_back({exporter, [export_options] {
-                        auto names = trainer::export_checkpoint(*export_options);
+  commands.push_back({exporter, [export_options, component] {
+                        std::vector<std::string> names;
+                        if (!component->first.empty()) {
+                          if (component->second.empty())
+                            throw CLI::ValidationError("--component", "needs --from (the file or folder to load)");
+                          names = trainer::export_component(trainer::frozen_component(component->first),
+                                                            component->second, export_options->out_path,
+                                                            export_options->dtype == "bf16" ? at::kBFloat16 : at::kFloat);
+                        } else if (!export_options->checkpoint_dir.empty()) {
+                          names = trainer::export_checkpoint(*export_options);
+                        } else {
+                          throw CLI::ValidationError("export", "give --checkpoint DIR or --component NAME --from PATH");
+                        }
                         std::fprintf(stderr, "exported %zu tensors to %s\n", names.size(),
                                      export_options->out_path.c_str());
                         return 0;

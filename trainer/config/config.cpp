@@ -25,6 +25,7 @@
 #include <set>
 #include <sstream>
 #include <system_error>
+#include <tuple>
 #include <variant>
 
 // fmt is deliberately not used here: the LibTorch wheel ships its own (newer) fmt headers that
@@ -251,6 +252,19 @@ std::vector<Section> build_schema() {
                   .add("frames", &ModelConfig::frames, at_least(1),
                        "frames per sample; > 1 trains a video model on clips [C, T, H, W]")
                   .add("in_channels", &ModelConfig::in_channels, at_least(1), "input channels")
+                  .add("autoencoder", &ModelConfig::autoencoder, any_value(),
+                       "frozen autoencoder: ae.safetensors (FLUX.1's layout) for `flowtrain data encode`")
+                  .add("text_encoders.t5", &ModelConfig::t5_encoder, any_value(),
+                       "frozen T5 encoder: a folder with config.json + model.safetensors(.index.json) (FLUX.1's "
+                       "text_encoder_2/)")
+                  .add("text_encoders.t5_tokenizer", &ModelConfig::t5_tokenizer, any_value(),
+                       "T5's spiece.model (FLUX.1's tokenizer_2/spiece.model)")
+                  .add("text_encoders.t5_max_length", &ModelConfig::t5_max_length, at_least(1),
+                       "T5 tokens per caption, padded (FLUX.1-dev 512, schnell 256)")
+                  .add("text_encoders.clip", &ModelConfig::clip_encoder, any_value(),
+                       "frozen CLIP text encoder: a folder with config.json + model.safetensors (FLUX.1's text_encoder/)")
+                  .add("text_encoders.clip_tokenizer", &ModelConfig::clip_tokenizer, any_value(),
+                       "CLIP's vocab.json + merges.txt folder (FLUX.1's tokenizer/) or bpe_simple_vocab_16e6.txt.gz")
                   .section());
 
   s.push_back(section("flow", &Config::flow)
@@ -471,6 +485,8 @@ std::vector<Section> build_schema() {
                        "host memory kept and touched every step (MiB)")
                   .add("inject.reduction", &DebugConfig::reduction,
                        "reduce FSDP gradients wrongly on purpose (tests of the equivalence checks)")
+                  .add("inject.encode_kill_after", &DebugConfig::encode_kill_after, at_least(0),
+                       "data encode: after this many output shards, half-write the next and SIGKILL the rank; 0 = off")
                   .add("inject.checkpoint_pause", &DebugConfig::checkpoint_pause, any_value(),
                        "STEP:SECONDS[:torn]: pause after the first file of that step's checkpoint (torn: cut it "
                        "to half first); empty = off")
@@ -890,6 +906,17 @@ void Config::validate() const {
   }
 
   model_family(model.arch).validate(model);  // the family's cross-field checks
+  // Each frozen text encoder comes with its tokenizer, and only to a family that reads text.
+  for (const auto& [encoder, tokenizer, name] :
+       {std::tuple{&model.t5_encoder, &model.t5_tokenizer, "t5"}, std::tuple{&model.clip_encoder, &model.clip_tokenizer, "clip"}})
+    if (encoder->empty() != tokenizer->empty())
+      throw ConfigError(std::string("'model.text_encoders.") + name + "' and 'model.text_encoders." + name +
+                        "_tokenizer' go together: set both or neither");
+  if ((!model.t5_encoder.empty() || !model.clip_encoder.empty()) && !model_family(model.arch).text_conditioning)
+    throw ConfigError("'model.text_encoders.*' are set but model.arch " + model.arch +
+                      " is class-conditional; text encoders serve " + join(arch_names_where([](const FamilySpec& f) {
+                        return static_cast<bool>(f.text_conditioning);
+                      }), "|"));
   check_batch_split(*this, /*data_parallel=*/1);  // the world is not known yet: resolve() checks it there
   if (parallel.dp_shard == 0)
     throw ConfigError("'parallel.dp_shard' must be >= 1 or -1 (the rest of the world), got 0");
@@ -905,7 +932,7 @@ void Config::validate() const {
   if (!debug.checkpoint_pause.empty()) parse_checkpoint_pause(debug.checkpoint_pause);  // throws when malformed
   const bool injects = debug.nan_grad_step > 0 || debug.spike_step > 0 || debug.slow_seconds > 0 ||
                        debug.slow_worker_seconds > 0 || debug.leak_mib_per_step > 0 || debug.reduction != parallel::ReductionFault::None ||
-                       !debug.checkpoint_pause.empty();
+                       !debug.checkpoint_pause.empty() || debug.encode_kill_after > 0;
   if (injects && !debug.allow_inject)
     throw ConfigError("'debug.inject.*' faults are set but 'debug.allow_inject' is false: fault injection is for tests "
                       "and drills and must be allowed explicitly");

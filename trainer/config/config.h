@@ -115,6 +115,14 @@ struct ModelConfig {
   int64_t image_size = 32;      // input side (pixels or latent cells)
   int64_t frames = 1;           // frames per sample; > 1 is a video model on clips [C, T, H, W]
   int64_t in_channels = 4;
+  // The frozen models of the FLUX stack, as a release ships them (trainer/frozen/): read by
+  // `flowtrain data encode` (and, to come, by training that encodes each batch itself).
+  std::string autoencoder = "";     // ae.safetensors
+  std::string t5_encoder = "";      // text_encoders.t5: folder with config.json + weights
+  std::string t5_tokenizer = "";    // text_encoders.t5_tokenizer: spiece.model
+  int64_t t5_max_length = 512;      // text_encoders.t5_max_length: FLUX.1-dev 512, schnell 256
+  std::string clip_encoder = "";    // text_encoders.clip: folder with config.json + model.safetensors
+  std::string clip_tokenizer = "";  // text_encoders.clip_tokenizer: vocab.json + merges.txt folder, or bpe .txt(.gz)
 
   FamilySections sections;
   template <class S>
@@ -308,6 +316,9 @@ struct DebugConfig {
   // "STEP:SECONDS" pauses after the first file of that step's checkpoint is written (a kill then
   // lands mid-save); "STEP:SECONDS:torn" first cuts that file to half its bytes. "" = off.
   std::string checkpoint_pause = "";
+  // `flowtrain data encode`: after this many finished output shards a rank writes half of its
+  // next shard's temporary file and kills itself (SIGKILL). 0 = off.
+  int64_t encode_kill_after = 0;
 };
 
 struct Config {

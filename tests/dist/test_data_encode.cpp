@@ -1,0 +1,139 @@
+// `flowtrain data encode` end to end: image+caption shards through the frozen FLUX stack (the
+// small release of tests/frozen_fixture.h) on two ranks under `flowtrain launch`. A rank killed
+// mid-shard (debug.inject.encode_kill_after) leaves finished shards and a temporary file; the
+// rerun skips the finished ones and redoes the rest, and the result is byte for byte what one
+// uninterrupted process writes: no shard lost or doubled. The latents are the autoencoder's of
+// the bucketed image, and a Flux run trains from the output as it is.
+#include "cli_runner.h"
+#include "data/png.h"
+#include "data/safetensors.h"
+#include "data/shards/buckets.h"
+#include "data/shards/byte_stream.h"
+#include "data/shards/tar.h"
+#include "data/shards/webdataset.h"
+#include "frozen_fixture.h"
+#include "test_util.h"
+#include "trainer/frozen/frozen_models.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <set>
+
+namespace flowtrain {
+namespace {
+namespace fs = std::filesystem;
+using test::run_flowtrain;
+
+constexpr int kShards = 5, kSamplesPerShard = 5;
+
+// Shards of RGB PNGs of assorted shapes with captions and a json; one sample's PNG is garbage.
+void write_input_shards(const std::string& dir) {
+  fs::create_directories(dir);
+  torch::manual_seed(5);
+  const std::vector<std::pair<int64_t, int64_t>> shapes = {{20, 20}, {14, 24}, {30, 18}, {16, 16}, {12, 22}};
+  const std::vector<std::string> words = {"a red dress", "two blue sneakers", "a bag", "an ankle boot", "a grey coat"};
+  for (int s = 0; s < kShards; ++s) {
+    data::TarWriter w(dir + "/in-" + std::to_string(s) + ".tar");
+    for (int i = 0; i < kSamplesPerShard; ++i) {
+      const std::string key = "s" + std::to_string(s) + "_" + std::to_string(i);
+      const auto [h, wd] = shapes[(s + i) % shapes.size()];
+      const at::Tensor image = at::randint(0, 256, {h, wd, 3}, at::kByte);
+      w.add(key + ".png", s == 2 && i == 3 ? std::string("not a png") : data::encode_png(image));
+      w.add(key + ".txt", words[(s * 2 + i) % words.size()] + " on the left, sample " + key);
+      w.add(key + ".json", "{\"id\": \"" + key + "\"}");
+    }
+    w.close();
+  }
+}
+
+std::string write_config(const std::string& dir, const test::FrozenRelease& release) {
+  const std::string path = dir + "/encode.yaml";
+  std::ofstream(path) << "run:\n  name: encode\n  out_dir: " << dir << "/run\n  device: cpu\n  seed: 1\n"
+                      << "model:\n  arch: flux\n  size: flux-tiny\n  hidden: 64\n  heads: 2\n  axes_dim: 8,12,12\n"
+                      << "  depth: 1\n  depth_single: 1\n  context_dim: 32\n  vec_dim: 32\n  text_len: 16\n"
+                      << "  text_encoder_layers: 0\n  patch: 2\n  image_size: 8\n  in_channels: 4\n"
+                      << release.model_yaml(16)
+                      << "data:\n  source: shards\n  image_member: latent\n  buckets: [8x8, 6x10]\n  batch_size: 4\n"
+                      << "  workers: 1\n  shards: " << dir << "/encoded/in-{0..4}.tar\n"
+                      << "train:\n  steps: 2\n  log_every: 1\n  threads: 1\n"
+                      << "sample:\n  every: 0\ncheckpoint:\n  every: 0\n";
+  return path;
+}
+
+std::vector<std::string> tar_files(const std::string& dir) {
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(dir)) names.push_back(e.path().filename().string());
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+TEST(DataEncode, TwoRanksResumeAfterAKillWithNoShardLostOrDoubledAndTrainingReadsTheOutput) {
+  const std::string dir = test::scratch_dir("data_encode");
+  write_input_shards(dir + "/in");
+  const test::FrozenRelease release = test::write_frozen_release(dir + "/release");
+  const std::string config = write_config(dir, release);
+  const std::string inputs = " --in '" + dir + "/in/in-{0..4}.tar'";
+
+  // One uninterrupted process: the reference output.
+  auto r = run_flowtrain("data encode -c " + config + inputs + " --out " + dir + "/reference --batch 3");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("1 damaged skipped"), std::string::npos) << r.output;
+  std::vector<std::string> expected;
+  for (int s = 0; s < kShards; ++s) expected.push_back("in-" + std::to_string(s) + ".tar");
+  ASSERT_EQ(tar_files(dir + "/reference"), expected);
+
+  // Two ranks; each is killed mid-way through its second shard.
+  const std::string launch = "launch --nproc-per-node 2 -- data encode -c " + config + inputs + " --out " + dir +
+                             "/encoded --batch 3";
+  r = run_flowtrain(launch + " --set debug.allow_inject=true --set debug.inject.encode_kill_after=1");
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  std::vector<std::string> after_kill = tar_files(dir + "/encoded");
+  const auto finished = std::count_if(after_kill.begin(), after_kill.end(),
+                                      [](const std::string& n) { return n.size() > 4 && n.substr(n.size() - 4) == ".tar"; });
+  EXPECT_GE(finished, 1);
+  EXPECT_LT(finished, kShards);
+  EXPECT_TRUE(std::any_of(after_kill.begin(), after_kill.end(),
+                          [](const std::string& n) { return n.find(".tmp") != std::string::npos; }))
+      << "the kill should land mid-write";
+
+  r = run_flowtrain(launch);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("already done"), std::string::npos) << r.output;
+  ASSERT_EQ(tar_files(dir + "/encoded"), expected);  // and no temporary file left
+  for (const std::string& name : expected)
+    EXPECT_EQ(test::read_file(dir + "/encoded/" + name), test::read_file(dir + "/reference/" + name)) << name;
+
+  // What a sample holds: the autoencoder's latent of its image fitted to the nearest bucket, T5's
+  // embedding with its mask, CLIP's pooled vector, the caption and json; no image.
+  data::SampleReader reader(data::open_shard(dir + "/reference/in-0.tar"));
+  const std::optional<data::RawSample> first = reader.next();
+  ASSERT_TRUE(first.has_value());
+  std::set<std::string> members;
+  for (const auto& [extension, bytes] : first->members) members.insert(extension);
+  EXPECT_EQ(members, (std::set<std::string>{"json", "latent.safetensors", "txt", "txt_emb.safetensors", "vec.safetensors"}));
+  const data::SafetensorsReader latent(first->members.at("latent.safetensors"), "latent");
+  data::SampleReader input(data::open_shard(dir + "/in/in-0.tar"));
+  const at::Tensor image = data::decode_png(input.next()->members.at("png"), "in-0 png").permute({2, 0, 1});
+  const std::vector<data::Bucket> buckets = {{16, 16}, {12, 20}};  // 8x8 and 6x10 cells, 2 pixels each
+  const at::Tensor fitted =
+      data::fit_to_bucket(image, buckets[data::nearest_bucket(buckets, image.size(1), image.size(2))]);
+  models::Autoencoder ae = trainer::load_autoencoder(release.autoencoder);
+  const at::Tensor z = ae->encode(fitted.unsqueeze(0).to(at::kFloat).div(127.5).sub(1.0))[0];
+  // The same function on the same input in the same process kind: only the batch around it
+  // (the encoder ran on 3 samples) may change the summation order.
+  EXPECT_TRUE(at::allclose(latent.get("latent"), z, 1e-5, 1e-6));
+  const data::SafetensorsReader txt(first->members.at("txt_emb.safetensors"), "txt_emb");
+  EXPECT_EQ(txt.get("txt").sizes(), (at::IntArrayRef{16, 32}));
+  EXPECT_EQ(txt.get("txt_mask").scalar_type(), at::kBool);
+  EXPECT_EQ(data::SafetensorsReader(first->members.at("vec.safetensors"), "vec").get("vec").sizes(), (at::IntArrayRef{32}));
+
+  // The loader trains from the output unchanged.
+  r = run_flowtrain("train -c " + config);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(test::read_metrics(dir + "/run").size(), 2u) << r.output;
+}
+
+}  // namespace
+}  // namespace flowtrain
