@@ -1,8 +1,8 @@
 #include "frozen_fixture.h"
 
 #include "data/safetensors.h"
-#include "models/text/clip.h"
-#include "models/text/t5.h"
+#include "models/clip/clip.h"
+#include "models/t5/t5.h"
 #include "reference_golden.h"
 #include "trainer/checkpoint/state_dict.h"
 

@@ -1,6 +1,6 @@
 // The CLIP text encoder against transformers' own CLIPTextModel: golden files written by
 // tests/reference/make_golden.py (section clip).
-#include "models/text/clip.h"
+#include "models/clip/clip.h"
 
 #include "data/safetensors.h"
 #include "reference_golden.h"

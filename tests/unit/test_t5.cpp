@@ -1,6 +1,6 @@
 // The T5 v1.1 encoder against transformers' own T5EncoderModel: golden files written by
 // tests/reference/make_golden.py (section t5).
-#include "models/text/t5.h"
+#include "models/t5/t5.h"
 
 #include "data/safetensors.h"
 #include "reference_golden.h"

@@ -9,8 +9,8 @@
 #include "data/clip_tokenizer.h"
 #include "data/t5_tokenizer.h"
 #include "models/autoencoder/autoencoder.h"
-#include "models/text/clip.h"
-#include "models/text/t5.h"
+#include "models/clip/clip.h"
+#include "models/t5/t5.h"
 #include "trainer/config/config.h"
 
 #include <ATen/ATen.h>

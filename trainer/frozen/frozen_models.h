@@ -11,8 +11,8 @@
 #pragma once
 
 #include "models/autoencoder/autoencoder.h"
-#include "models/text/clip.h"
-#include "models/text/t5.h"
+#include "models/clip/clip.h"
+#include "models/t5/t5.h"
 
 #include <ATen/ATen.h>
 

@@ -1,4 +1,4 @@
-#include "models/text/t5.h"
+#include "models/t5/t5.h"
 
 #include <ATen/Dispatch.h>
 

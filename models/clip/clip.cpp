@@ -1,4 +1,4 @@
-#include "models/text/clip.h"
+#include "models/clip/clip.h"
 
 #include <cmath>
 #include <stdexcept>
