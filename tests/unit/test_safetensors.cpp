@@ -112,6 +112,20 @@ TEST(SafetensorsTest, GetCopiesOutOfTheMapping) {
   EXPECT_TRUE(at::equal(x, at::arange(1, 5, at::TensorOptions().dtype(at::kFloat))));
 }
 
+TEST(SafetensorsTest, InMemoryBytesAreTheFilesBytes) {
+  // A tar member written by `flowtrain data encode` must be the very file write_safetensors writes.
+  const NamedTensors tensors = {{"txt", at::randn({3, 5}).to(at::kBFloat16)},
+                                {"txt_mask", at::tensor({1, 0, 1}).to(at::kBool)},
+                                {"vec", at::arange(7, at::TensorOptions().dtype(at::kFloat))}};
+  const std::string path = test::scratch_dir("st") + "/bytes.safetensors";
+  write_safetensors(path, tensors, {{"format", "pt"}});
+  const std::string bytes = safetensors_bytes(tensors, {{"format", "pt"}});
+  EXPECT_EQ(bytes, test::read_file(path));
+  const SafetensorsReader back(bytes, "member");
+  EXPECT_TRUE(at::equal(back.get("txt"), tensors[0].second));
+  EXPECT_THROW(safetensors_bytes({{"a", at::zeros({1})}, {"a", at::zeros({1})}}), DataError);  // the same checks
+}
+
 TEST(SafetensorsTest, WrittenHeaderIsAlignedSpacePaddedJson) {
   const std::string path = test::scratch_dir("st") + "/layout.safetensors";
   write_safetensors(path, {{"w", at::ones({3}, at::TensorOptions().dtype(at::kHalf))}}, {{"format", "pt"}});
