@@ -84,6 +84,7 @@ bool is_space(UChar32 c) { return u_isUWhiteSpace(c); }
 std::vector<UChar32> normalized(const std::string& text) {
   UErrorCode status = U_ZERO_ERROR;
   const icu::Normalizer2* nfc = icu::Normalizer2::getNFCInstance(status);
+  if (U_FAILURE(status)) throw DataError(std::string("ICU has no NFC data: ") + u_errorName(status));
   const icu::UnicodeString composed = nfc->normalize(icu::UnicodeString::fromUTF8(text), status);
   if (U_FAILURE(status)) throw DataError(std::string("NFC normalization failed: ") + u_errorName(status));
   std::vector<UChar32> out;
@@ -229,10 +230,10 @@ void ClipTokenizer::append_bpe(const std::string& piece, std::vector<int64_t>& i
   }
 }
 
-std::vector<int64_t> ClipTokenizer::pieces_of(const std::string& text) const {
+std::vector<int64_t> ClipTokenizer::pieces_of(const std::string& text, size_t limit) const {
   const std::vector<UChar32> chars = normalized(text);
   std::vector<int64_t> ids;
-  for (size_t i = 0; i < chars.size();) {
+  for (size_t i = 0; i < chars.size() && ids.size() < limit;) {
     if (is_space(chars[i])) {
       ++i;
       continue;
@@ -249,7 +250,7 @@ std::vector<int64_t> ClipTokenizer::pieces_of(const std::string& text) const {
 std::vector<int64_t> ClipTokenizer::encode(const std::string& text, int64_t max_length) const {
   if (max_length < 2) throw std::invalid_argument("ClipTokenizer: max_length must be >= 2 (start and end)");
   std::vector<int64_t> ids{start_id_};
-  const std::vector<int64_t> pieces = pieces_of(text);
+  const std::vector<int64_t> pieces = pieces_of(text, static_cast<size_t>(max_length - 2));  // the rest is cut
   ids.insert(ids.end(), pieces.begin(), pieces.begin() + std::min<int64_t>(pieces.size(), max_length - 2));
   ids.push_back(end_id_);
   return ids;
@@ -257,6 +258,7 @@ std::vector<int64_t> ClipTokenizer::encode(const std::string& text, int64_t max_
 
 ClipTokenizer::Batch ClipTokenizer::encode_batch(const std::vector<std::string>& texts, int64_t max_length,
                                                  int64_t pad_id) const {
+  if (max_length < 2) throw std::invalid_argument("ClipTokenizer: max_length must be >= 2 (start and end)");
   const int64_t n = static_cast<int64_t>(texts.size());
   Batch batch{at::full({n, max_length}, pad_id < 0 ? end_id_ : pad_id, at::kLong), at::zeros({n, max_length}, at::kBool),
               {}};

@@ -49,13 +49,18 @@ fetch_clip_vocabulary() {
   echo "[setup] fetching CLIP's BPE vocabulary (open_clip_torch==3.3.0) into $clip_vocab" >&2
   local wheel_dir
   wheel_dir=$(mktemp -d)
-  "$python" -m pip download -q --disable-pip-version-check --no-deps open_clip_torch==3.3.0 -d "$wheel_dir" >&2
   mkdir -p "$(dirname "$clip_vocab")"
-  "$python" - "$wheel_dir" "$clip_vocab.part" <<'PY'
+  if ! "$python" -m pip download -q --disable-pip-version-check --no-deps open_clip_torch==3.3.0 -d "$wheel_dir" >&2 ||
+     ! "$python" - "$wheel_dir" "$clip_vocab.part" <<'PY'
 import glob, sys, zipfile
 with zipfile.ZipFile(glob.glob(sys.argv[1] + "/*.whl")[0]) as wheel, open(sys.argv[2], "wb") as out:
     out.write(wheel.read("open_clip/bpe_simple_vocab_16e6.txt.gz"))
 PY
+  then
+    rm -rf "$wheel_dir"
+    echo "[setup] could not fetch open_clip_torch==3.3.0 from PyPI for CLIP's vocabulary" >&2
+    exit 1
+  fi
   rm -rf "$wheel_dir"
   echo "$sha256  $clip_vocab.part" | sha256sum -c --status || {
     echo "[setup] $clip_vocab.part: not the expected sha256 $sha256" >&2; exit 1; }
@@ -65,7 +70,9 @@ PY
 if [ -n "${FLOWTRAIN_TORCH_DIR:-}" ]; then
   [ -f "$FLOWTRAIN_TORCH_DIR/TorchConfig.cmake" ] || [ -f "$FLOWTRAIN_TORCH_DIR/Torch/TorchConfig.cmake" ] || {
     echo "[setup] FLOWTRAIN_TORCH_DIR=$FLOWTRAIN_TORCH_DIR holds no TorchConfig.cmake" >&2; exit 1; }
-  fetch_clip_vocabulary python3
+  # Debian's python3 has no pip: a small venv of its own has one (python3-venv is installed above).
+  [ -x "$deps/pip-venv/bin/python" ] || python3 -m venv "$deps/pip-venv"
+  fetch_clip_vocabulary "$deps/pip-venv/bin/python"
   echo "$FLOWTRAIN_TORCH_DIR"
   exit 0
 fi

@@ -15,7 +15,8 @@ struct FrozenRelease {
   std::string model_yaml(int64_t t5_max_length) const;
 };
 
-// Writes the release under `dir` (once per directory; the files are deterministic).
+// Writes the release under `dir` (the same bytes every time: T5 and CLIP are drawn after
+// torch::manual_seed(11), which reseeds the global generator).
 FrozenRelease write_frozen_release(const std::string& dir);
 
 }  // namespace flowtrain::test

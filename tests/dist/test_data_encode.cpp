@@ -135,5 +135,44 @@ TEST(DataEncode, TwoRanksResumeAfterAKillWithNoShardLostOrDoubledAndTrainingRead
   EXPECT_EQ(test::read_metrics(dir + "/run").size(), 2u) << r.output;
 }
 
+TEST(DataEncode, RefusesCollidingOutputsAndKeepsWhatADamagedTarHeld) {
+  const std::string dir = test::scratch_dir("data_encode_bad");
+  write_input_shards(dir + "/in");
+  const test::FrozenRelease release = test::write_frozen_release(dir + "/release");
+  const std::string config = write_config(dir, release);
+  fs::create_directories(dir + "/other");
+  fs::copy_file(dir + "/in/in-0.tar", dir + "/other/in-0.tar");
+  // Two inputs of one name would write one output shard.
+  auto r = run_flowtrain("data encode -c " + config + " --in " + dir + "/in/in-0.tar " + dir + "/other/in-0.tar --out " +
+                         dir + "/out");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("have the same file name 'in-0.tar'"), std::string::npos) << r.output;
+  // Outputs into the inputs' folder would be taken for finished.
+  r = run_flowtrain("data encode -c " + config + " --in " + dir + "/in/in-1.tar --out " + dir + "/in");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("is the folder of input"), std::string::npos) << r.output;
+  // CLIP without T5 is not FLUX's conditioning.
+  r = run_flowtrain("data encode -c " + config + " --set model.text_encoders.t5= --set model.text_encoders.t5_tokenizer= --in " +
+                    dir + "/in/in-1.tar --out " + dir + "/out");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("needs both model.text_encoders.t5 and model.text_encoders.clip"), std::string::npos)
+      << r.output;
+
+  // A tar cut mid-way: the samples before the cut are encoded, the damage counted, the run goes on.
+  const std::string cut = dir + "/cut/in-3.tar";
+  fs::create_directories(dir + "/cut");
+  const std::string bytes = test::read_file(dir + "/in/in-3.tar");
+  std::ofstream(cut, std::ios::binary) << bytes.substr(0, bytes.size() / 2);
+  r = run_flowtrain("data encode -c " + config + " --in " + cut + " " + dir + "/in/in-4.tar --out " + dir + "/out");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("damaged after the samples before it"), std::string::npos) << r.output;
+  int64_t kept = 0;
+  data::SampleReader reader(data::open_shard(dir + "/out/in-3.tar"));
+  while (reader.next()) ++kept;
+  EXPECT_GE(kept, 1);
+  EXPECT_LT(kept, kSamplesPerShard);
+  EXPECT_TRUE(fs::exists(dir + "/out/in-4.tar"));
+}
+
 }  // namespace
 }  // namespace flowtrain

@@ -106,21 +106,19 @@ TEST(ClipTokenizer, GivesTransformersIdsAndOpenClipsWhereItsCleanUpLeavesTheCapt
     if (ids != expected && ++mismatches <= 5) ADD_FAILURE() << "caption " << i / 3 << ": \"" << lines[i] << "\"";
     cut += static_cast<int64_t>(expected.size()) == kMaxLength;
     // open_clip's ids equal transformers' unless ftfy or HTML unescaping changed the caption.
-    if (lines[i + 2] == "=") {
+    if (lines[i + 2] == "=")
       same_as_open_clip += ids == expected;
-    } else {
+    else
       ++open_clip_cleaned;
-      EXPECT_NE(ids_of(lines[i + 2]), ids) << lines[i];
-    }
     captions.push_back(caption);
   }
   EXPECT_EQ(mismatches, 0);
   EXPECT_GT(cut, 100);  // long captions were cut, the end id kept last
-  EXPECT_EQ(same_as_open_clip + open_clip_cleaned, 2000);
-  // docs/results.md quotes this count: captions whose ids differ from open_clip's because open_clip
-  // cleans text with ftfy and HTML unescaping and flowtrain (like transformers) does not.
-  std::printf("open_clip's clean-up changed the ids of %lld of 2000 captions; the other %lld equal flowtrain's\n",
-              static_cast<long long>(open_clip_cleaned), static_cast<long long>(same_as_open_clip));
+  // Captions whose ids differ from open_clip's because open_clip cleans text with ftfy and HTML
+  // unescaping and flowtrain (like transformers) does not: the count models/clip/README.md
+  // quotes; on every other caption open_clip's ids are flowtrain's.
+  EXPECT_EQ(open_clip_cleaned, 892);
+  EXPECT_EQ(same_as_open_clip, 2000 - 892);
 
   // A batch pads with the end id (FLUX's files) or the id asked for (open_clip's 0); a cut row
   // is reported and still ends with the end id.

@@ -68,7 +68,9 @@ void expect_same_tensors(const std::string& original, const std::string& written
   EXPECT_EQ(std::set<std::string>(a.keys().begin(), a.keys().end()), std::set<std::string>(b.keys().begin(), b.keys().end()))
       << original << " vs " << written;
   for (const std::string& key : a.keys())
-    if (b.contains(key)) EXPECT_TRUE(at::equal(a.get(key), b.get(key))) << key;
+    if (b.contains(key)) {
+      EXPECT_TRUE(at::equal(a.get(key), b.get(key))) << key;
+    }
 }
 
 TEST(FrozenModels, ExportWritesTheReleaseFilesBack) {

@@ -486,7 +486,7 @@ std::vector<Section> build_schema() {
                   .add("inject.reduction", &DebugConfig::reduction,
                        "reduce FSDP gradients wrongly on purpose (tests of the equivalence checks)")
                   .add("inject.encode_kill_after", &DebugConfig::encode_kill_after, at_least(0),
-                       "data encode: after this many output shards, half-write the next and SIGKILL the rank; 0 = off")
+                       "data encode: after this many output shards (this run), SIGKILL the rank mid-way through the next; 0 = off")
                   .add("inject.checkpoint_pause", &DebugConfig::checkpoint_pause, any_value(),
                        "STEP:SECONDS[:torn]: pause after the first file of that step's checkpoint (torn: cut it "
                        "to half first); empty = off")

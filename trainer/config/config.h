@@ -316,8 +316,9 @@ struct DebugConfig {
   // "STEP:SECONDS" pauses after the first file of that step's checkpoint is written (a kill then
   // lands mid-save); "STEP:SECONDS:torn" first cuts that file to half its bytes. "" = off.
   std::string checkpoint_pause = "";
-  // `flowtrain data encode`: after this many finished output shards a rank writes half of its
-  // next shard's temporary file and kills itself (SIGKILL). 0 = off.
+  // `flowtrain data encode`: after this many output shards finished in this run, a rank kills
+  // itself (SIGKILL) halfway through the first batch of its next shard, whose temporary file is
+  // then half-written. 0 = off.
   int64_t encode_kill_after = 0;
 };
 

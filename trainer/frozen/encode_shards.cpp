@@ -14,6 +14,7 @@
 #include <spdlog/spdlog.h>
 
 #include <chrono>
+#include <map>
 #include <csignal>
 #include <filesystem>
 #include <map>
@@ -58,9 +59,16 @@ class ShardEncoder {
     data::SampleReader reader(data::open_shard(entry));
     data::TarWriter writer(out);
     std::vector<Pending> batch;
-    while (std::optional<data::RawSample> sample = reader.next()) {
-      if (std::optional<Pending> p = decoded(std::move(*sample), report)) batch.push_back(std::move(*p));
-      if (static_cast<int64_t>(batch.size()) == options_.batch) flush(batch, writer, report, kill_midway);
+    try {
+      while (std::optional<data::RawSample> sample = reader.next()) {
+        if (std::optional<Pending> p = decoded(std::move(*sample), report)) batch.push_back(std::move(*p));
+        if (static_cast<int64_t>(batch.size()) == options_.batch) flush(batch, writer, report, kill_midway);
+      }
+    } catch (const data::DataError& e) {
+      // A damaged tar (truncated, a bad header): the samples before the damage are kept, as the
+      // loader keeps them; the rest of the shard is unreadable and counted as one damage.
+      ++report.damaged;
+      spdlog::warn("data encode: {}: damaged after the samples before it, which are kept: {}", entry, e.what());
     }
     flush(batch, writer, report, kill_midway);
     writer.close();
@@ -144,14 +152,29 @@ EncodeReport encode_shards(const Config& config, const EncodeOptions& options, i
     throw ConfigError("data encode: the config names no frozen model (model.autoencoder, model.text_encoders.*)");
   if (options.batch < 1) throw ConfigError("data encode: --batch must be >= 1");
   const std::vector<std::string> inputs = data::resolve_shard_list(options.inputs, "");
+  // An output shard is named after its input: two inputs of one name would overwrite each other
+  // (or the second be taken for done), and writing into the input folder would skip everything.
+  std::map<std::string, std::string> by_name;
+  for (const std::string& entry : inputs) {
+    const std::string name = data::shard_basename(entry);
+    const auto [it, fresh] = by_name.emplace(name, entry);
+    if (!fresh)
+      throw ConfigError("data encode: inputs " + it->second + " and " + entry + " have the same file name '" + name +
+                        "', which names the output shard: encode them into different --out folders");
+    if (data::is_local_entry(entry) &&
+        fs::weakly_canonical(fs::path(data::local_path_of(entry)).parent_path()) == fs::weakly_canonical(options.out_dir))
+      throw ConfigError("data encode: --out " + options.out_dir + " is the folder of input " + entry +
+                        ": the outputs take their inputs' names");
+  }
   std::vector<std::string> mine;
   for (size_t i = static_cast<size_t>(rank); i < inputs.size(); i += static_cast<size_t>(world)) mine.push_back(inputs[i]);
   fs::create_directories(options.out_dir);
 
   const c10::Device device = select_device(config.run);  // each rank its own GPU, as in training
+  if (config.model.t5_encoder.empty() != config.model.clip_encoder.empty())
+    throw ConfigError("data encode: FLUX's text conditioning needs both model.text_encoders.t5 and "
+                      "model.text_encoders.clip (one is set)");
   FrozenEncoders encoders(config.model, device, device.is_cuda() ? at::kBFloat16 : at::kFloat);
-  if (!config.model.t5_encoder.empty() && !encoders.has_text_encoders())
-    throw ConfigError("data encode: FLUX's text conditioning needs both model.text_encoders.t5 and .clip");
   ShardEncoder shard_encoder(config, options, encoders);
 
   EncodeReport report;
