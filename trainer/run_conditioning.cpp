@@ -3,6 +3,7 @@
 #include "data/compositions.h"
 #include "data/safetensors.h"
 #include "trainer/family.h"
+#include "trainer/frozen/frozen_sampling.h"
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
@@ -10,6 +11,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 
 #include <filesystem>
+#include <mutex>
 
 namespace flowtrain::trainer {
 
@@ -152,6 +154,21 @@ RunConditioning run_conditioning(const Config& c, std::shared_ptr<const data::Im
     for (const auto& [name, t] : b.fields) cond.set(name, t);
     return cond;
   };
+  if (has_frozen_text_encoders(c.model)) {
+    // The frozen text encoders embed the evaluation prompts (data.path/eval_prompts.jsonl) on
+    // first use, as FLUX's sampling embeds its prompts.
+    struct Prompts {
+      std::once_flag once;
+      models::Conditioning cond;
+    };
+    auto prompts = std::make_shared<Prompts>();
+    rc.of_rows = [prompts, c](const at::Tensor& rows) {
+      std::call_once(prompts->once, [&] { prompts->cond = frozen_prompt_conditioning(c, eval_prompt_captions(c)); });
+      return prompts->cond.index_select(rows % prompts->cond.batch());
+    };
+    rc.of_eval_rows = rc.of_rows;
+    return rc;
+  }
   rc.of_rows = [dataset](const at::Tensor& rows) {
     if (!dataset)
       throw ConfigError("a model on precomputed (or synthetic) text embeddings is sampled on its training samples' "

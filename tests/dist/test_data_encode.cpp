@@ -3,7 +3,8 @@
 // mid-shard (debug.inject.encode_kill_after) leaves finished shards and a temporary file; the
 // rerun skips the finished ones and redoes the rest, and the result is byte for byte what one
 // uninterrupted process writes: no shard lost or doubled. The latents are the autoencoder's of
-// the bucketed image, and a Flux run trains from the output as it is.
+// the bucketed image, a Flux run trains from the output as it is, and its samples are prompts
+// through the frozen text encoders and latents through the autoencoder's decoder.
 #include "cli_runner.h"
 #include "data/png.h"
 #include "data/safetensors.h"
@@ -133,6 +134,22 @@ TEST(DataEncode, TwoRanksResumeAfterAKillWithNoShardLostOrDoubledAndTrainingRead
   r = run_flowtrain("train -c " + config);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_EQ(test::read_metrics(dir + "/run").size(), 2u) << r.output;
+
+  // Samples: the evaluation prompts through the frozen T5 and CLIP, the latents through the
+  // autoencoder's decoder: a grid of 4 pixel images of 16×16 (8×8 latent cells, 2 pixels each)
+  // in one row, 2 pixels of padding around each (an undecoded grid would be of 8×8 cells).
+  fs::create_directories(dir + "/prompts");
+  std::ofstream(dir + "/prompts/eval_prompts.jsonl") << "{\"caption\": \"a red dress on the left\"}\n"
+                                                     << "{\"caption\": \"a bag\"}\n";
+  r = run_flowtrain("train -c " + config + " --set run.out_dir=" + dir + "/sampled --set data.path=" + dir +
+                    "/prompts --set sample.every=2 --set sample.num=4 --set checkpoint.every=2");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const at::Tensor grid = data::read_png(dir + "/sampled/samples/step-0000002.png");
+  EXPECT_EQ(grid.sizes(), (at::IntArrayRef{20, 4 * 18 + 2, 3}));
+  r = run_flowtrain("sample -c " + config + " --checkpoint " + test::ckpt(dir + "/sampled", 2) +
+                    " --prompt 'an ankle boot' --out " + dir + "/boot.png");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(data::read_png(dir + "/boot.png").size(0), 20);
 }
 
 TEST(DataEncode, RefusesCollidingOutputsAndKeepsWhatADamagedTarHeld) {

@@ -5,6 +5,7 @@
 #include "models/autocast_region.h"
 #include "trainer/builders.h"
 #include "trainer/cli/command.h"
+#include "trainer/frozen/frozen_sampling.h"
 #include "trainer/eval/checkpoint_model.h"
 #include "trainer/eval/classifier_cache.h"
 #include "trainer/eval/evaluator.h"
@@ -52,10 +53,10 @@ int cmd_sample(const ConfigArgs& args, SampleArgs a) {
   const bool from_prompts = !a.prompts.empty() || !a.prompts_file.empty();
   if (!a.prompts.empty() && !a.prompts_file.empty()) throw trainer::ConfigError("give --prompt or --prompts, not both");
   if (a.per_prompt < 1) throw trainer::ConfigError("--per-prompt must be >= 1");
-  if (from_prompts && !trainer::reads_caption_tokens(c.model))
+  if (from_prompts && !trainer::reads_caption_tokens(c.model) && !trainer::has_frozen_text_encoders(c.model))
     throw trainer::ConfigError(fmt::format("--prompt / --prompts need a model that reads captions through its own text "
-                                           "encoder (model.text_encoder_layers > 0); this config's model.arch {} does "
-                                           "not",
+                                           "encoder (model.text_encoder_layers > 0), or frozen text encoders that embed "
+                                           "them (model.text_encoders.*); this config's model.arch {} has neither",
                                            c.model.arch));
   const trainer::FamilySpec& family = trainer::model_family(c.model.arch);
   if (!a.dump_inputs.empty() && !family.dump_reference_inputs)
@@ -77,7 +78,9 @@ int cmd_sample(const ConfigArgs& args, SampleArgs a) {
   if (from_prompts) {
     if (!a.prompts_file.empty()) prompts = read_prompt_lines(a.prompts_file);
     auto cond = std::make_shared<models::Conditioning>(
-        trainer::prompt_conditioning(c, *trainer::data_tokenizer(c), prompts));
+        trainer::has_frozen_text_encoders(c.model) && !trainer::reads_caption_tokens(c.model)
+            ? trainer::frozen_prompt_conditioning(c, prompts)
+            : trainer::prompt_conditioning(c, *trainer::data_tokenizer(c), prompts));
     const int64_t k = a.per_prompt;
     rows = [cond, k](const at::Tensor& r) { return cond->index_select(at::div(r, k, "floor")); };
     num = static_cast<int64_t>(prompts.size()) * k;
@@ -100,8 +103,9 @@ int cmd_sample(const ConfigArgs& args, SampleArgs a) {
     constexpr int64_t kChunk = 256;
     std::vector<at::Tensor> chunks;
     for (int64_t first = 0; first < num; first += kChunk)
-      chunks.push_back(trainer::sample_rows(velocity, model, rows, num, c.sample.seed, so, device, first,
-                                            std::min(kChunk, num - first)));
+      chunks.push_back(trainer::samples_to_pixels(
+          c, trainer::sample_rows(velocity, model, rows, num, c.sample.seed, so, device, first,
+                                  std::min(kChunk, num - first))));
     samples = at::cat(chunks);
   }
   if (!a.prompts_file.empty()) {  // one PNG per sample: line i, sample k -> (i·K + k).png

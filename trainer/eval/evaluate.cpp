@@ -1,4 +1,5 @@
 #include "trainer/eval/evaluate.h"
+#include "trainer/frozen/frozen_sampling.h"
 
 #include "trainer/eval/evaluator.h"
 #include "trainer/eval/judge_cache.h"
@@ -167,7 +168,8 @@ at::Tensor generate_eval_samples(const models::VelocityFn& velocity, const model
   std::vector<at::Tensor> out;
   for (int64_t begin = 0; begin < count; begin += kMaxBatch) {
     const int64_t rows = std::min(kMaxBatch, count - begin);
-    at::Tensor x = sample_rows(velocity, model, conditioning, c.eval.num, c.eval.seed, so, device, first + begin, rows);
+    at::Tensor x = samples_to_pixels(
+        c, sample_rows(velocity, model, conditioning, c.eval.num, c.eval.seed, so, device, first + begin, rows));
     // [−1, 1] -> 0…255, rounded as an 8-bit image file would be
     out.push_back(x.clamp(-1.0, 1.0).add(1.0).mul(127.5).round().to(at::kByte));
     if (begin + rows < count) spdlog::info("eval: {}/{} samples", begin + rows, count);  // minutes on a CPU

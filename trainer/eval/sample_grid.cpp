@@ -4,6 +4,7 @@
 #include "data/video.h"
 #include "trainer/checkpoint/file_util.h"
 #include "trainer/builders.h"
+#include "trainer/frozen/frozen_sampling.h"
 
 #include <ATen/CPUGeneratorImpl.h>
 
@@ -51,8 +52,9 @@ at::Tensor generate_samples(const models::VelocityFn& velocity, const models::Di
                             const RowConditioning& conditioning, const Config& c, const c10::Device& device,
                             int64_t first, int64_t count) {
   const SampleConfig& s = c.sample;
-  return sample_rows(velocity, model, conditioning, s.num, s.seed,
-                     sampler_options(s.sampler, s.steps, s.cfg_scale, time_shift(c)), device, first, count);
+  return samples_to_pixels(c, sample_rows(velocity, model, conditioning, s.num, s.seed,
+                                          sampler_options(s.sampler, s.steps, s.cfg_scale, time_shift(c)), device,
+                                          first, count));
 }
 
 at::Tensor sample_grid_image(const at::Tensor& samples, int64_t columns) {
