@@ -71,6 +71,11 @@ WeightFiles::WeightFiles(const std::string& path) : path_(path) {
 
 const std::vector<std::string>& WeightFiles::keys() const { return keys_; }
 
+const std::map<std::string, std::string>& WeightFiles::metadata() const {
+  static const std::map<std::string, std::string> none;
+  return ends_with(path_, ".json") ? none : files_.front()->metadata();
+}
+
 bool WeightFiles::contains(const std::string& key) const { return owner_.count(key) > 0; }
 
 const SafetensorsReader& WeightFiles::reader_of(const std::string& key) const {

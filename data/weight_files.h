@@ -25,6 +25,8 @@ class WeightFiles {
   std::vector<int64_t> shape(const std::string& key) const;
   at::Tensor get(const std::string& key) const;
   const std::string& path() const { return path_; }
+  // The file's __metadata__ (one .safetensors file); empty for a sharded index.
+  const std::map<std::string, std::string>& metadata() const;
 
  private:
   const SafetensorsReader& reader_of(const std::string& key) const;

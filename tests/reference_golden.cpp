@@ -4,7 +4,8 @@
 
 #include <gtest/gtest.h>
 
-#include <fstream>
+#include <sstream>
+#include <zlib.h>
 
 namespace flowtrain::test {
 
@@ -21,10 +22,18 @@ std::vector<std::string> key_shape_lines(const torch::nn::Module& module) {
 }
 
 std::vector<std::string> golden_lines(const std::string& name) {
-  std::ifstream in(golden_path(name));
-  if (!in) ADD_FAILURE() << "cannot read " << golden_path(name);
+  gzFile in = gzopen(golden_path(name).c_str(), "rb");  // gzip'd or plain
+  if (in == nullptr) {
+    ADD_FAILURE() << "cannot read " << golden_path(name);
+    return {};
+  }
+  std::string text;
+  char buffer[1 << 16];
+  for (int got; (got = gzread(in, buffer, sizeof buffer)) > 0;) text.append(buffer, static_cast<size_t>(got));
+  gzclose(in);
   std::vector<std::string> lines;
-  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  std::istringstream stream(text);
+  for (std::string line; std::getline(stream, line);) lines.push_back(line);
   return lines;
 }
 

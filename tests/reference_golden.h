@@ -17,7 +17,8 @@ std::string golden_path(const std::string& name);
 // *_keys.txt manifests (a reference model's state_dict with shapes).
 std::vector<std::string> key_shape_lines(const torch::nn::Module& module);
 
-// The lines of a golden text file; fails the calling test (and returns none) when it is unreadable.
+// The lines of a golden text file, gzip'd (NAME.gz) or plain; fails the calling test (and returns
+// none) when it is unreadable.
 std::vector<std::string> golden_lines(const std::string& name);
 
 // max |actual − expected| / max |expected|: one number for a whole tensor, robust to entries near 0.

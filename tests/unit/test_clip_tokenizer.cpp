@@ -4,10 +4,11 @@
 // $FLOWTRAIN_DEPS/clip/), and a small vocabulary as Hugging Face's vocab.json + merges.txt.
 #include "data/clip_tokenizer.h"
 
+#include "reference_golden.h"
 #include "test_util.h"
 
 #include <gtest/gtest.h>
-#include <zlib.h>
+#include <unicode/unistr.h>
 
 #include <cstdlib>
 #include <filesystem>
@@ -28,37 +29,6 @@ std::string clip_vocabulary() {
          "/clip/bpe_simple_vocab_16e6.txt.gz";
 }
 
-std::vector<std::string> golden_lines(const std::string& file) {
-  gzFile in = gzopen(file.c_str(), "rb");  // plain files too
-  EXPECT_NE(in, nullptr) << file;
-  std::string text;
-  char buffer[1 << 16];
-  for (int got; in && (got = gzread(in, buffer, sizeof buffer)) > 0;) text.append(buffer, static_cast<size_t>(got));
-  if (in) gzclose(in);
-  std::vector<std::string> lines;
-  std::istringstream stream(text);
-  for (std::string line; std::getline(stream, line);) lines.push_back(line);
-  return lines;
-}
-
-void append_utf8(std::string& out, uint32_t c) {
-  if (c < 0x80) {
-    out += static_cast<char>(c);
-  } else if (c < 0x800) {
-    out += static_cast<char>(0xc0 | (c >> 6));
-    out += static_cast<char>(0x80 | (c & 0x3f));
-  } else if (c < 0x10000) {
-    out += static_cast<char>(0xe0 | (c >> 12));
-    out += static_cast<char>(0x80 | ((c >> 6) & 0x3f));
-    out += static_cast<char>(0x80 | (c & 0x3f));
-  } else {
-    out += static_cast<char>(0xf0 | (c >> 18));
-    out += static_cast<char>(0x80 | ((c >> 12) & 0x3f));
-    out += static_cast<char>(0x80 | ((c >> 6) & 0x3f));
-    out += static_cast<char>(0x80 | (c & 0x3f));
-  }
-}
-
 // The caption back from Python's unicode_escape: \\, \t, \xNN, \uNNNN, \UNNNNNNNN.
 std::string unescaped(const std::string& line) {
   std::string out;
@@ -70,7 +40,7 @@ std::string unescaped(const std::string& line) {
     const char kind = line[++i];
     const size_t digits = kind == 'x' ? 2 : kind == 'u' ? 4 : kind == 'U' ? 8 : 0;
     if (digits) {
-      append_utf8(out, static_cast<uint32_t>(std::stoul(line.substr(i + 1, digits), nullptr, 16)));
+      icu::UnicodeString(static_cast<UChar32>(std::stoul(line.substr(i + 1, digits), nullptr, 16))).toUTF8String(out);
       i += digits;
     } else {
       out += kind == 't' ? '\t' : kind == 'n' ? '\n' : kind == 'r' ? '\r' : kind;
@@ -95,7 +65,7 @@ TEST(ClipTokenizer, GivesTransformersIdsAndOpenClipsWhereItsCleanUpLeavesTheCapt
   EXPECT_EQ(tokenizer.end_id(), 49407);
 
   const std::vector<std::string> lines =
-      golden_lines(test::source_path("tests/reference/golden/clip_tokenizer_cases.txt.gz"));
+      test::golden_lines("clip_tokenizer_cases.txt.gz");
   ASSERT_EQ(lines.size(), 1 + 3 * 2000u);
   int64_t mismatches = 0, cut = 0, same_as_open_clip = 0, open_clip_cleaned = 0;
   std::vector<std::string> captions;
@@ -148,7 +118,7 @@ TEST(ClipTokenizer, ReadsHuggingFacesVocabJsonAndMergesTxt) {
   EXPECT_EQ(tokenizer.vocab_size(), 512 + 2000 + 2);
   EXPECT_EQ(tokenizer.start_id(), 2512);
   EXPECT_EQ(tokenizer.end_id(), 2513);
-  const std::vector<std::string> lines = golden_lines(folder + "/cases.txt");
+  const std::vector<std::string> lines = test::golden_lines("clip_tokenizer_small/cases.txt");
   ASSERT_EQ(lines.size(), 1 + 2 * 150u);
   int64_t mismatches = 0;
   for (size_t i = 1; i + 1 < lines.size(); i += 2)

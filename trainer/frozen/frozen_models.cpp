@@ -88,7 +88,7 @@ models::AutoencoderOptions autoencoder_options_of_file(const std::string& path) 
   o.num_res_blocks = 0;
   while (files.contains("encoder.down.0.block." + std::to_string(o.num_res_blocks) + ".conv1.weight")) ++o.num_res_blocks;
   // Not in the tensors: flowtrain writes them as metadata; a FLUX.1 file has FLUX.1's.
-  const auto& metadata = data::SafetensorsReader(path).metadata();
+  const auto& metadata = files.metadata();
   try {
     o.norm_groups = std::stoll(metadata_value(metadata, "norm_groups", std::to_string(o.norm_groups)));
     o.scale_factor = std::stod(metadata_value(metadata, "scale_factor", std::to_string(o.scale_factor)));
