@@ -5,6 +5,7 @@
 #include "data/compositions.h"
 #include "data/fashion_mnist.h"
 #include "trainer/family.h"
+#include "trainer/frozen/online_encoding.h"
 #include "trainer/run_conditioning.h"
 #include "trainer/telemetry/memory_stats.h"
 
@@ -71,7 +72,8 @@ std::shared_ptr<const data::ImageDataset> build_dataset(const Config& c) {
     // A text-conditioned model's samples carry the one label 0 (the labels are drawn after the
     // images, so their count changes no image).
     const int64_t classes = std::max<int64_t>(1, class_count(c.model));
-    *dataset = data::make_synthetic_dataset(n, c.model.in_channels, c.model.image_size, classes,
+    const DataInput input = data_input(c);  // pixels when the step encodes them
+    *dataset = data::make_synthetic_dataset(n, input.channels, input.image_size, classes,
                                             static_cast<uint64_t>(c.run.seed), c.model.frames);
     if (!model_family(c.model.arch).class_conditioning) dataset->fields = synthetic_text_fields(c, dataset->size());
   }
@@ -81,12 +83,16 @@ std::shared_ptr<const data::ImageDataset> build_dataset(const Config& c) {
                                   "it on clips (data.source shards with data.video.frames {}, or synthetic)",
                                   where, c.model.frames, name_of(c.data.source), c.model.frames));
   const int64_t channels = dataset->images.size(-3), side = dataset->images.size(-1);
-  if (channels != c.model.in_channels)
-    throw ConfigError(fmt::format("{}: 'model.in_channels' is {} but data.source '{}' has {}-channel images", where,
-                                  c.model.in_channels, name_of(c.data.source), channels));
-  if (side > c.model.image_size)
-    throw ConfigError(fmt::format("{}: 'model.image_size' is {} but data.source '{}' has {}×{} images (must be >=; "
-                                  "smaller images are padded)", where, c.model.image_size, name_of(c.data.source), side, side));
+  const DataInput input = data_input(c);  // the autoencoder's pixels when it encodes in the step
+  const std::string through_ae = input.downsampling > 1 ? fmt::format(" (the input of model.autoencoder {})", c.model.autoencoder) : "";
+  if (channels != input.channels)
+    throw ConfigError(fmt::format("{}: the model takes {}-channel images{} but data.source '{}' has {}-channel images",
+                                  where, input.channels, through_ae, name_of(c.data.source), channels));
+  if (side > input.image_size)
+    throw ConfigError(fmt::format("{}: 'model.image_size' {} takes images up to {}×{}{} but data.source '{}' has {}×{} "
+                                  "images (smaller images are padded)",
+                                  where, c.model.image_size, input.image_size, input.image_size, through_ae,
+                                  name_of(c.data.source), side, side));
   const int64_t classes = class_count(c.model);
   if (classes > 0 && dataset->num_classes > classes)
     throw ConfigError(fmt::format("{}: 'model.num_classes' is {} but data.source '{}' has {} classes", where,
@@ -103,7 +109,7 @@ data::LoaderOptions loader_options(const Config& c, int64_t dp_rank, int64_t dp_
   lo.workers = c.data.workers;
   lo.prefetch = c.data.prefetch;
   lo.seed = static_cast<uint64_t>(c.run.seed);
-  lo.image_size = c.model.image_size;
+  lo.image_size = data_input(c).image_size;
   return lo;
 }
 

@@ -8,6 +8,7 @@
 #include "data/shards/shard_list.h"
 #include "trainer/builders.h"
 #include "trainer/family.h"
+#include "trainer/frozen/online_encoding.h"
 #include "trainer/run_conditioning.h"
 
 #include <fmt/format.h>
@@ -89,7 +90,8 @@ data::ShardLoaderOptions shard_loader_options(const Config& c, int64_t dp_rank, 
   o.seed = static_cast<uint64_t>(c.run.seed);
   o.rank = dp_rank;
   o.world = dp_size;
-  o.image_size = c.model.image_size;
+  const DataInput input = data_input(c);  // pixels through model.autoencoder in the step: f × the model's cells
+  o.image_size = input.image_size;
   o.pin_memory = device.is_cuda();
   o.fail_on_damage = c.data.on_error == DamagePolicy::fail;
   o.max_skip_fraction = c.data.max_skip_fraction;
@@ -98,8 +100,8 @@ data::ShardLoaderOptions shard_loader_options(const Config& c, int64_t dp_rank, 
   // What every sample must hold, from the model.
   const FamilySpec& family = model_family(c.model.arch);
   o.spec.image = c.data.image_member == ImageMember::latent ? data::ImageKind::Latent : data::ImageKind::Image;
-  o.spec.channels = c.model.in_channels;
-  o.spec.max_side = c.model.image_size;
+  o.spec.channels = input.channels;
+  o.spec.max_side = input.image_size;
   o.spec.video_frames = c.data.video_frames;
   o.spec.video_fps = c.data.video_fps;
   if (o.spec.video_frames > 0 && !c.data.buckets.empty())
@@ -136,6 +138,7 @@ data::ShardLoaderOptions shard_loader_options(const Config& c, int64_t dp_rank, 
         if ((b.height / c.model.patch) * (b.width / c.model.patch) % c.parallel.cp != 0)
           throw ConfigError(fmt::format("'data.buckets' shape {}x{} has image tokens not divisible by parallel.cp {}",
                                         b.height, b.width, c.parallel.cp));
+    for (auto& b : o.spec.buckets) b = {b.height * input.downsampling, b.width * input.downsampling};  // cells -> pixels
   }
   if (family.class_conditioning) {
     o.spec.label = true;
@@ -146,6 +149,14 @@ data::ShardLoaderOptions shard_loader_options(const Config& c, int64_t dp_rank, 
     const int64_t text_len = text_conditioning(c.model).length;
     o.spec.caption_fields = [tokenizer, text_len](const std::string& caption) {
       std::map<std::string, at::Tensor> fields = caption_token_fields(tokenizer->encode_batch({caption}, text_len));
+      for (auto& [name, t] : fields) t = t[0];  // one sample's row
+      return fields;
+    };
+  } else if (encodes_text_online(c)) {  // tokenized here, encoded in the step (online_encoding.h)
+    o.spec.caption = true;
+    auto tokens = frozen_caption_tokens(c);
+    o.spec.caption_fields = [tokens](const std::string& caption) {
+      std::map<std::string, at::Tensor> fields = tokens({caption});
       for (auto& [name, t] : fields) t = t[0];  // one sample's row
       return fields;
     };

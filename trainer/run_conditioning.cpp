@@ -4,6 +4,7 @@
 #include "data/safetensors.h"
 #include "trainer/family.h"
 #include "trainer/frozen/frozen_sampling.h"
+#include "trainer/frozen/online_encoding.h"
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
@@ -80,6 +81,7 @@ std::map<std::string, at::Tensor> text_fields(const Config& c, const std::vector
                    encoded.truncated.size(), captions.size(), text_len, captions[encoded.truncated[0]]);
     return caption_token_fields(encoded);
   }
+  if (encodes_text_online(c)) return frozen_caption_tokens(c)(captions);  // encoded in the step
   // Precomputed embeddings, one row per caption.
   const std::string path = embeddings_path(c);
   if (!fs::exists(path))
@@ -112,6 +114,15 @@ std::map<std::string, at::Tensor> synthetic_text_fields(const Config& c, int64_t
   const int64_t L = text.length;
   const at::Tensor lengths = at::randint(std::min<int64_t>(8, L), L + 1, {n}, gen, at::kLong);
   const at::Tensor mask = at::arange(L, at::kLong).unsqueeze(0) < lengths.unsqueeze(1);
+  if (encodes_text_online(c)) {  // captions of 1 to 40 words, tokenized for the frozen encoders
+    std::vector<std::string> captions;
+    for (int64_t i = 0; i < n; ++i) {
+      std::string caption;
+      for (int64_t w = 0, words = 1 + (i * 7919) % 40; w < words; ++w) caption += fmt::format("word{} ", (i + w) % 97);
+      captions.push_back(caption);
+    }
+    return frozen_caption_tokens(c)(captions);
+  }
   if (builtin_text(c)) {
     const at::Tensor ids = at::randint(data::Tokenizer::kEosId + 1, text.vocab_size, {n, L}, gen, at::kLong);
     return caption_token_fields({ids * mask.to(at::kLong), mask, {}});

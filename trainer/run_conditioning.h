@@ -8,6 +8,9 @@
 //                                       i % P of DIR/eval_prompts.txt
 //   text, TextInput::Embeddings         precomputed embeddings ("txt", "txt_mask", "vec") from
 //                                       DIR/text_embeddings.safetensors; row i is training sample i
+//   text, data.text_member caption      the captions tokenized for the frozen T5 and CLIP; the step
+//                                       encodes them (trainer/frozen/online_encoding.h); rows as
+//                                       with precomputed embeddings and model.text_encoders
 //   text on data.source synthetic       random fields of the same shapes (synthetic_text_fields);
 //                                       row i is training sample i
 // Grid rows of a class-conditional model cycle through the data set's classes.
@@ -60,8 +63,8 @@ models::Conditioning prompt_conditioning(const Config& config, const data::Token
 // length against model.text_len, naming file, key and both shapes).
 std::map<std::string, at::Tensor> text_fields(const Config& config, const std::vector<std::string>& captions);
 // Random text fields of the same shapes for data.source synthetic (benchmarks, the PyTorch peer):
-// tokens of 8 to model.text_len ids past the special ones, or N(0, 1) embeddings; a pure function
-// of run.seed.
+// tokens of 8 to model.text_len ids past the special ones, or N(0, 1) embeddings, or (text_member
+// caption) captions of 1 to 40 words tokenized for the frozen encoders; a pure function of run.seed.
 std::map<std::string, at::Tensor> synthetic_text_fields(const Config& config, int64_t n);
 
 }  // namespace flowtrain::trainer

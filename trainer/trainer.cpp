@@ -107,7 +107,9 @@ Trainer::Trainer(Config config, TrainerHooks hooks) : config_(std::move(config))
   dp_rank_ = parallel::Mesh(resolved.mesh, env_.world).data_parallel_rank(env_.rank);
   device_ = select_device(config_.run, env_.local_rank);
   configure_cuda(device_, config_.train);  // bound before the first collective
+  check_frozen_inputs(config_);  // the frozen files against the model's shapes, before any data is read
   std::shared_ptr<const data::ImageDataset> dataset = build_dataset(config_);
+  online_ = OnlineEncoder::for_run(config_, device_);  // frozen models the step runs; null when none
   // The model, from its family (trainer/family.h); initialised from the run seed, so
   // identical on every rank. Built before the run directory: its shape decides the checks below.
   at::manual_seed(static_cast<uint64_t>(config_.run.seed));
@@ -369,6 +371,14 @@ Trainer::StepResult Trainer::train_step() {
   StepResult r;
   r.loss = at::zeros({}, at::TensorOptions().dtype(at::kFloat).device(device_));
   r.data_wait_s = seconds_since(t_data);
+  if (online_) {
+    // Synchronised so the phase's time is the encoders' own (the step needs their outputs next anyway).
+    const auto t_encode = Clock::now();
+    ProfileRange range("frozen_encoders");
+    online_->encode(batch);
+    synchronize_device(device_);
+    r.encode_s = seconds_since(t_encode);
+  }
   faults_->begin_step(step);
   const double loss_scale = faults_->loss_scale(step);
   std::vector<at::Tensor> sample_losses;
@@ -584,22 +594,26 @@ void Trainer::evaluate() {
   barrier();
 }
 
-void Trainer::log_step(const StepResult& r, double step_time, double data_wait, std::map<std::string, double> health) {
+void Trainer::log_step(const StepResult& r, double step_time, double data_wait, double encode,
+                       std::map<std::string, double> health) {
   const int64_t step = progress_.step, total = config_.train.steps;
   const float loss = r.loss.item<float>();  // host sync only on log steps
   const float grad_norm = r.grad_norm.item<float>();
   const double samples_per_s = config_.data.batch_size / step_time;
   spdlog::info("step {:>{}}/{} | loss {:.4f} | grad_norm {:.3f} | lr {:.2e} | {:.1f} samples/s | "
-               "{:.3f} s/step (data {:.0f}%) | ETA {}",
+               "{:.3f} s/step (data {:.0f}%{}) | ETA {}",
                step, std::to_string(total).size(), total, loss, grad_norm, progress_.lr, samples_per_s, step_time,
-               100.0 * data_wait / step_time, format_duration((total - step) * step_time));
+               100.0 * data_wait / step_time,
+               online_ ? fmt::format(", frozen encoders {:.0f}%", 100.0 * encode / step_time) : std::string(),
+               format_duration((total - step) * step_time));
   std::map<std::string, double> values = {{"loss", loss},
                                                 {"grad_norm", grad_norm},
                                                 {"lr", progress_.lr},
                                                 {"samples_per_s", samples_per_s},
                                                 {"step_time_s", step_time},
                                                 {"data_wait_s", data_wait},
-                                                {"compute_s", step_time - data_wait},
+                                                {"compute_s", step_time - data_wait - encode},
+                                                {"encode_s", encode},
                                                 {"epoch", double(progress_.loader.epoch)},
                                                 {"samples_seen", double(progress_.samples_seen)},
                                                 {"health_skipped_updates", double(health_->skipped_updates())},
@@ -630,7 +644,7 @@ int64_t Trainer::run() {
   // are not counted, so samples/s and ETA describe training itself.
   double window_time = 0;
   int64_t window_steps = 0;
-  double window_data_wait = 0, window_comm_wait = 0;
+  double window_data_wait = 0, window_comm_wait = 0, window_encode = 0;
   while (progress_.step < total) {
     checkpoints_->poll();  // before the step: a failure joins this step's stop vote
     const auto step_start = Clock::now();
@@ -641,12 +655,12 @@ int64_t Trainer::run() {
       rollback("see the health: line above");
       window_time = 0;
       window_steps = 0;
-      window_data_wait = window_comm_wait = 0;
+      window_data_wait = window_comm_wait = window_encode = 0;
       continue;
     }
     if (hooks_.on_step) {
       const double loss = r.loss.item<double>();  // synchronises the device: the time is real
-      hooks_.on_step({progress_.step, seconds_since(step_start), r.data_wait_s, loss});
+      hooks_.on_step({progress_.step, seconds_since(step_start), r.data_wait_s, r.encode_s, loss});
     }
     const int64_t step = progress_.step;
     const bool last = step == total;
@@ -656,6 +670,7 @@ int64_t Trainer::run() {
     ++window_steps;
     window_data_wait += r.data_wait_s;
     window_comm_wait += r.comm_wait_s;
+    window_encode += r.encode_s;
 
     if (log_now) {
       const double n = double(window_steps);
@@ -666,10 +681,10 @@ int64_t Trainer::run() {
       train_seconds_ += window_time;
       health["health_s_per_step"] = health_seconds_ / double(std::max<int64_t>(1, health_steps_ + window_steps));
       health_steps_ += window_steps;
-      log_step(r, window_time / n, window_data_wait / n, std::move(health));
+      log_step(r, window_time / n, window_data_wait / n, window_encode / n, std::move(health));
       window_time = 0;
       window_steps = 0;
-      window_data_wait = window_comm_wait = 0;
+      window_data_wait = window_comm_wait = window_encode = 0;
     }
     if (config_.eval.every > 0 && (step % config_.eval.every == 0 || last)) evaluate();
     if (config_.sample.every > 0 && (step % config_.sample.every == 0 || last)) write_samples();

@@ -26,6 +26,7 @@
 #include "trainer/telemetry/run_log.h"
 #include "trainer/telemetry/tensorboard.h"
 #include "trainer/family.h"
+#include "trainer/frozen/online_encoding.h"
 #include "trainer/run_conditioning.h"
 #include "trainer/train_state.h"
 #include "trainer/training_error.h"
@@ -44,6 +45,7 @@ struct StepStats {
   int64_t step = 0;
   double step_time_s = 0;
   double data_wait_s = 0;
+  double encode_s = 0;  // the frozen encoders in the step (online_encoding.h); 0 without
   double loss = 0;
 };
 
@@ -73,7 +75,7 @@ class Trainer {
  private:
   struct StepResult {
     at::Tensor loss, grad_norm, stop;
-    double data_wait_s = 0, comm_wait_s = 0;
+    double data_wait_s = 0, comm_wait_s = 0, encode_s = 0;
     HealthAction action = HealthAction::Continue;  // Skip: no update was applied; Rollback: to be done
   };
 
@@ -98,7 +100,8 @@ class Trainer {
   // `total` rows made by make(first, count), split over the data-parallel ranks (each makes its
   // padded slice) and gathered: every rank gets all of them, on the CPU. Collective under FSDP.
   at::Tensor sample_rows_on_all_ranks(int64_t total, const std::function<at::Tensor(int64_t, int64_t)>& make);
-  void log_step(const StepResult& r, double step_time, double data_wait, std::map<std::string, double> health);
+  void log_step(const StepResult& r, double step_time, double data_wait, double encode,
+                std::map<std::string, double> health);
   // Judges steps the health monitor kept on the device; throws TrainingError on a stop verdict.
   void check_health(const char* when);
   void barrier();  // all ranks (no-op in one process)
@@ -113,6 +116,7 @@ class Trainer {
   std::unique_ptr<parallel::Runtime> runtime_;  // null in a single-process run
   int64_t dp_rank_ = 0, dp_size_ = 1;           // this rank's slice of each global batch
   RunConditioning conditioning_;  // what conditions the batches, grids and evaluations
+  std::unique_ptr<OnlineEncoder> online_;  // the frozen encoders the step runs; null when data is precomputed
   std::unique_ptr<TrainState> state_;
   models::fp8::Fp8Conversion fp8_;  // the linears computing in fp8 (none unless fp8.recipe is set)
   LrSchedule schedule_;

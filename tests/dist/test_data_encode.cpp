@@ -191,5 +191,54 @@ TEST(DataEncode, RefusesCollidingOutputsAndKeepsWhatADamagedTarHeld) {
   EXPECT_TRUE(fs::exists(dir + "/out/in-4.tar"));
 }
 
+// Online encoding (trainer/frozen/online_encoding.h) trains on the same tensors as the
+// precomputed path: the same seed over the raw image+caption shards, encoded in each step, and
+// over their `data encode` output gives the same losses and gradient norms, step for step.
+TEST(DataEncode, OnlineEncodingInTheStepTrainsAsThePrecomputedShardsDo) {
+  const std::string dir = test::scratch_dir("data_encode_online");
+  write_input_shards(dir + "/in");
+  const test::FrozenRelease release = test::write_frozen_release(dir + "/release");
+  const std::string config = write_config(dir, release);
+  // Shards 0 and 1 have no damaged sample (shard 2 has), so both runs see the same samples.
+  auto r = run_flowtrain("data encode -c " + config + " --in '" + dir + "/in/in-{0..1}.tar' --out " + dir +
+                         "/encoded --batch 4");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::string common = " --set train.steps=3 --set data.shards=" + dir + "/";
+  r = run_flowtrain("train -c " + config + common + "encoded/in-{0..1}.tar --set run.out_dir=" + dir + "/precomputed");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = run_flowtrain("train -c " + config + common + "in/in-{0..1}.tar --set run.out_dir=" + dir +
+                    "/online --set data.image_member=image --set data.text_member=caption");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("frozen encoders"), std::string::npos) << r.output;  // its own share of the step
+
+  const auto precomputed = test::read_metrics(dir + "/precomputed"), online = test::read_metrics(dir + "/online");
+  ASSERT_EQ(precomputed.size(), 3u);
+  ASSERT_EQ(online.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) {
+    // Both fp32 on the CPU, the same images and captions; the encoders ran on other batches
+    // (`data encode`'s 4 of mixed buckets vs the step's 4 of one bucket), which may reorder the
+    // convolutions' sums (~1e-7 relative in a latent; 1.2e-7 in the loss when this was written).
+    for (const char* key : {"loss", "grad_norm"})
+      EXPECT_NEAR(online[i][key].get<double>(), precomputed[i][key].get<double>(),
+                  1e-5 * std::abs(precomputed[i][key].get<double>()))
+          << key << " at step " << i + 1;
+    EXPECT_GT(online[i]["encode_s"].get<double>(), 0.0);
+    EXPECT_EQ(precomputed[i]["encode_s"].get<double>(), 0.0);
+  }
+
+  // A model whose shapes do not fit the files is refused before anything is written, naming both.
+  r = run_flowtrain("train -c " + config + common + "in/in-{0..1}.tar --set run.out_dir=" + dir +
+                    "/bad --set data.image_member=image --set model.in_channels=16");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("'model.in_channels' is 16 but the autoencoder " + release.autoencoder), std::string::npos)
+      << r.output;
+  r = run_flowtrain("train -c " + config + common + "in/in-{0..1}.tar --set run.out_dir=" + dir +
+                    "/bad --set data.text_member=caption --set model.text_len=8");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("'model.text_len' is 8 but model.text_encoders.t5_max_length is 16"), std::string::npos)
+      << r.output;
+  EXPECT_FALSE(fs::exists(dir + "/bad"));
+}
+
 }  // namespace
 }  // namespace flowtrain

@@ -104,7 +104,7 @@ TEST(ConfigTest, AllKeysListsEverySettingInFileOrder) {
       "model.text_dropout", "model.text_encoder_layers", "model.text_encoder_heads", "model.vocab_size", "model.patch_t",
       "flow.timesteps", "flow.logit_mean", "flow.logit_std", "flow.shift", "flow.resolution_shift",
       "data.source", "data.path", "data.batch_size", "data.workers", "data.prefetch", "data.shards",
-      "data.shard_list", "data.shard_index", "data.streams", "data.image_member", "data.buckets", "data.video.frames", "data.video.fps",
+      "data.shard_list", "data.shard_index", "data.streams", "data.image_member", "data.text_member", "data.buckets", "data.video.frames", "data.video.fps",
       "data.shuffle_buffer",
       "data.on_error", "data.max_skip_fraction", "data.record_keys", "data.skip_batches", "data.fetch_retries", "data.fetch_timeout_s",
       "optim.lr", "optim.beta1", "optim.beta2", "optim.eps", "optim.weight_decay", "optim.warmup_steps",
@@ -399,7 +399,7 @@ Config everything_changed(const std::string& arch = "dit") {
   }
   c.flow = {models::TimestepDistribution::Uniform, -0.3, 0.7, 3.0, true};
   c.data = {DataSource::synthetic, "", 96, 0, 2, {"/d/a-{0..3}.tar", "pipe:cat /d/b.tar"}, "/d/list.txt", "/d/index.json",
-            8, ImageMember::latent, {"56x56", "48x64"}, 16, 4.0, 64, DamagePolicy::fail, 0.25, true, {"7", "9-11"}, 2, 5.5};
+            8, ImageMember::latent, TextMember::caption, {"56x56", "48x64"}, 16, 4.0, 64, DamagePolicy::fail, 0.25, true, {"7", "9-11"}, 2, 5.5};
   c.optim = {3e-4, 0.8, 0.95, 1e-6, 0.01, 50, ScheduleKind::cosine, 0.1, 0.0};
   c.train = {12345, 3, Precision::bf16, 0.999, false, 5, 2, false, parallel::RecomputePolicy::full, 2, false,
              "/tmp/init.safetensors"};

@@ -43,6 +43,7 @@ namespace flowtrain::trainer {
 FLOWTRAIN_ENUM_WORDS(DeviceChoice, "auto", "cpu", "cuda")
 FLOWTRAIN_ENUM_WORDS(DataSource, "fashion_mnist", "compositions", "synthetic", "shards")
 FLOWTRAIN_ENUM_WORDS(ImageMember, "image", "latent")
+FLOWTRAIN_ENUM_WORDS(TextMember, "embeddings", "caption")
 FLOWTRAIN_ENUM_WORDS(DamagePolicy, "skip", "fail")
 FLOWTRAIN_ENUM_WORDS(ScheduleKind, "constant", "cosine")
 FLOWTRAIN_ENUM_WORDS(Precision, "fp32", "bf16")
@@ -253,7 +254,8 @@ std::vector<Section> build_schema() {
                        "frames per sample; > 1 trains a video model on clips [C, T, H, W]")
                   .add("in_channels", &ModelConfig::in_channels, at_least(1), "input channels")
                   .add("autoencoder", &ModelConfig::autoencoder, any_value(),
-                       "frozen autoencoder: ae.safetensors (FLUX.1's layout) for `flowtrain data encode`")
+                       "frozen autoencoder: ae.safetensors (FLUX.1's layout); the model then works in its latent space "
+                       "(images encoded in the step, or by `flowtrain data encode`; samples decoded)")
                   .add("text_encoders.t5", &ModelConfig::t5_encoder, any_value(),
                        "frozen T5 encoder: a folder with config.json + model.safetensors(.index.json) (FLUX.1's "
                        "text_encoder_2/)")
@@ -297,7 +299,11 @@ std::vector<Section> build_schema() {
                        "shards: canonical streams the shards are dealt to, fixed for a run; >= ranks x workers; 0 = "
                        "auto (min(shards, 4 x ranks x workers))")
                   .add("image_member", &DataConfig::image_member,
-                       "shards: the model's input: a decoded .png/.jpg, or .latent.safetensors (tensor 'latent')")
+                       "shards: the model's input: a decoded .png/.jpg (through model.autoencoder when set: encoded "
+                       "in the step), or .latent.safetensors (tensor 'latent')")
+                  .add("text_member", &DataConfig::text_member,
+                       "models on text embeddings: precomputed (.txt_emb/.vec.safetensors; compositions: "
+                       "text_embeddings.safetensors), or the caption encoded in the step by model.text_encoders")
                   .add("buckets", &DataConfig::buckets, any_value(),
                        "shards: aspect-ratio buckets as HxW (pixels, or latent cells), e.g. [56x56, 48x64, 64x48]; "
                        "each batch is of one; images are scaled and centre-cropped to the nearest; flux only")

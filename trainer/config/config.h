@@ -34,6 +34,7 @@ struct ConfigError : std::runtime_error {
 enum class DeviceChoice { automatic, cpu, cuda };                              // run.device
 enum class DataSource { fashion_mnist, compositions, synthetic, shards };     // data.source
 enum class ImageMember { image, latent };                                      // data.image_member
+enum class TextMember { embeddings, caption };                                 // data.text_member
 enum class DamagePolicy { skip, fail };                                        // data.on_error
 enum class ScheduleKind { constant, cosine };                                  // optim.schedule
 enum class Precision { fp32, bf16 };                                           // train.precision, parallel.reduce_dtype
@@ -53,6 +54,7 @@ const std::vector<std::string>& enum_words();
 FLOWTRAIN_DECLARE_ENUM_WORDS(DeviceChoice)
 FLOWTRAIN_DECLARE_ENUM_WORDS(DataSource)
 FLOWTRAIN_DECLARE_ENUM_WORDS(ImageMember)
+FLOWTRAIN_DECLARE_ENUM_WORDS(TextMember)
 FLOWTRAIN_DECLARE_ENUM_WORDS(DamagePolicy)
 FLOWTRAIN_DECLARE_ENUM_WORDS(ScheduleKind)
 FLOWTRAIN_DECLARE_ENUM_WORDS(Precision)
@@ -158,6 +160,7 @@ struct DataConfig {
   std::string shard_index = "";     // sample counts (default: index.json beside local shards)
   int64_t streams = 0;              // canonical streams; 0 = auto
   ImageMember image_member = ImageMember::image;  // png/jpg, or .latent.safetensors
+  TextMember text_member = TextMember::embeddings;  // text-embedding models: txt_emb/vec, or .txt encoded online
   std::vector<std::string> buckets;    // aspect-ratio buckets "HxW"; empty: one shape
   int64_t video_frames = 0;            // .mp4 members: frames per clip (0: not video)
   double video_fps = 0;                // clip frame rate (0: the video's own)

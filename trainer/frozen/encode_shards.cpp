@@ -108,7 +108,7 @@ class ShardEncoder {
         std::vector<at::Tensor> images;
         for (size_t i : rows) images.push_back(batch[i].image);
         const at::Tensor x = at::stack(images).to(at::kFloat).div(127.5).sub(1.0);  // uint8 -> [-1, 1]
-        const at::Tensor z = encoders_.encode_images(x);
+        const at::Tensor z = encoders_.encode_images(x).cpu();
         for (size_t j = 0; j < rows.size(); ++j) latents[rows[j]] = z[static_cast<int64_t>(j)];
       }
     }
@@ -117,6 +117,9 @@ class ShardEncoder {
       std::vector<std::string> captions;
       for (const Pending& p : batch) captions.push_back(p.caption);
       text = encoders_.encode_text(captions);
+      text->txt = text->txt.cpu();
+      text->txt_mask = text->txt_mask.cpu();
+      text->vec = text->vec.cpu();
     }
     for (size_t i = 0; i < batch.size(); ++i) {
       const std::string& key = batch[i].raw.key;

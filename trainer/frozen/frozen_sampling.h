@@ -1,8 +1,9 @@
 // What sampling needs of the frozen FLUX stack, once per process:
 //   - prompts through the frozen text encoders (model.text_encoders.*) as the `txt` / `vec` /
 //     `txt_mask` a model on precomputed embeddings was trained on;
-//   - samples of a latent model (data.image_member: latent) through the frozen autoencoder's
-//     decoder (model.autoencoder), so grids, `flowtrain sample` and `flowtrain eval` see pixels.
+//   - samples of a latent model (model.autoencoder set: latents precomputed or encoded in the
+//     step) through the frozen autoencoder's decoder, so grids, `flowtrain sample` and
+//     `flowtrain eval` see pixels.
 // The models load on first use (the sampling device: the run's), and stay loaded.
 #pragma once
 
@@ -20,7 +21,7 @@ namespace flowtrain::trainer {
 bool has_frozen_text_encoders(const ModelConfig& model);
 models::Conditioning frozen_prompt_conditioning(const Config& config, const std::vector<std::string>& prompts);
 
-// Whether samples of this run are latents to decode (model.autoencoder and data.image_member latent).
+// Whether samples of this run are latents to decode (model.autoencoder is set).
 bool decodes_samples(const Config& config);
 // Samples in the model's space -> images in about [−1, 1] on the CPU: decoded when
 // decodes_samples(config), else as they are.

@@ -1,4 +1,5 @@
 #include "trainer/telemetry/bench.h"
+#include "trainer/telemetry/profiler.h"
 
 #include "trainer/first_micro_batch.h"
 
@@ -40,10 +41,6 @@ double quantile(std::vector<double> v, double q) {
   return v[lo] + (pos - double(lo)) * (v[hi] - v[lo]);
 }
 
-void synchronize(const c10::Device& device) {
-  if (device.is_cuda()) at::ones({1}, at::TensorOptions().device(device)).cpu();  // a blocking copy
-}
-
 }  // namespace
 
 double measure_matmul_tflops(const c10::Device& device, at::ScalarType dtype) {
@@ -51,14 +48,14 @@ double measure_matmul_tflops(const c10::Device& device, at::ScalarType dtype) {
   auto opts = at::TensorOptions().device(device).dtype(dtype);
   at::Tensor a = at::randn({n, n}, opts), b = at::randn({n, n}, opts);
   for (int i = 0; i < 2; ++i) at::mm(a, b);  // warm up
-  synchronize(device);
+  synchronize_device(device);
   int64_t reps = 0;
   const auto t0 = std::chrono::steady_clock::now();
   double elapsed = 0;
   while (elapsed < 1.0 || reps < 3) {
     at::mm(a, b);
     ++reps;
-    synchronize(device);
+    synchronize_device(device);
     elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
   return 2.0 * double(n) * n * n * reps / elapsed / 1e12;
@@ -158,7 +155,7 @@ BenchReport run_benchmark(Config config, const BenchOptions& o) {
   }
   config.validate();
 
-  std::vector<double> step_times, data_waits;
+  std::vector<double> step_times, data_waits, encodes;
   std::map<int64_t, double> all_step_times;  // every step, warm-up included (saves may follow any)
   TrainerHooks hooks;
   hooks.final_checkpoint = false;
@@ -168,6 +165,7 @@ BenchReport run_benchmark(Config config, const BenchOptions& o) {
     if (s.step > o.warmup) {
       step_times.push_back(s.step_time_s);
       data_waits.push_back(s.data_wait_s);
+      encodes.push_back(s.encode_s);
     }
   };
   Trainer trainer(config, hooks);
@@ -204,6 +202,7 @@ BenchReport run_benchmark(Config config, const BenchOptions& o) {
   r.step_time_min_s = quantile(step_times, 0.0);
   r.step_time_max_s = quantile(step_times, 1.0);
   r.data_wait_median_s = quantile(data_waits, 0.5);
+  r.encode_median_s = quantile(encodes, 0.5);
   r.samples_per_s = double(r.batch) / r.step_time_median_s;
   r.tokens_per_s = r.samples_per_s * double(r.tokens_per_sample);
   r.achieved_tflops = r.samples_per_s * r.train_gflop_per_sample / 1e3;
@@ -249,6 +248,7 @@ std::string BenchReport::to_json() const {
                       {"step_time_min_s", step_time_min_s},
                       {"step_time_max_s", step_time_max_s},
                       {"data_wait_median_s", data_wait_median_s},
+                      {"encode_median_s", encode_median_s},
                       {"samples_per_s", samples_per_s},
                       {"tokens_per_s", tokens_per_s},
                       {"achieved_tflops", achieved_tflops},
@@ -310,12 +310,16 @@ std::string BenchReport::table_lines() const {
       "device {} ({}, {} threads) | batch {} × {} tokens | {:.2f}M params, {:.3f} GFLOP/sample\n"
       "step time median {:.4f} s (p10 {:.4f}, p90 {:.4f}, min {:.4f}, max {:.4f}) over {} steps after {} warm-up\n"
       "{:.1f} samples/s | {:.0f} tokens/s | {:.3f} TFLOP/s achieved | peak {:.3f} TFLOP/s ({}) | MFU {:.1f}%\n"
-      "{} {:.1f} MiB{} | {} peak {:.1f} MiB | data wait median {:.4f} s | first-step loss {:.6f}",
+      "{} {:.1f} MiB{} | {} peak {:.1f} MiB | data wait median {:.4f} s{} | first-step loss {:.6f}",
       device, precision, threads, batch, tokens_per_sample, params_m, train_gflop_per_sample, step_time_median_s,
       step_time_p10_s, step_time_p90_s, step_time_min_s, step_time_max_s, steps, warmup, samples_per_s, tokens_per_s,
       achieved_tflops, peak_tflops, peak_source, 100 * mfu, memory_kind, peak_memory_bytes / 1048576.0,
       world > 1 ? fmt::format(" (rank {} of {})", rank, world) : "", allocated_kind, peak_allocated_bytes / 1048576.0,
-      data_wait_median_s, first_loss);
+      data_wait_median_s,
+      // The frozen encoders' FLOPs are not in GFLOP/sample or MFU: those count the trained model.
+      encode_median_s > 0 ? fmt::format(" | frozen encoders median {:.4f} s (in the step time, not in MFU)", encode_median_s)
+                          : std::string(),
+      first_loss);
 }
 
 double write_parity_dump(const Config& c, const std::string& path) {

@@ -44,6 +44,7 @@ struct BenchReport {
   double params_m = 0, train_gflop_per_sample = 0;
   double step_time_median_s = 0, step_time_p10_s = 0, step_time_p90_s = 0, step_time_min_s = 0, step_time_max_s = 0;
   double data_wait_median_s = 0;
+  double encode_median_s = 0;  // the frozen encoders inside the step (online encoding); 0 without
   double samples_per_s = 0, tokens_per_s = 0, achieved_tflops = 0, peak_tflops = 0, mfu = 0;
   std::string peak_source;   // "config" | "measured fp32 matmul" | …
   // Peaks of this rank over the whole run, transients included (trainer/telemetry/memory_stats.h).

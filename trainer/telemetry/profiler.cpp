@@ -15,15 +15,14 @@ namespace {
 
 namespace kineto = torch::autograd::profiler;
 
-// Kernels are asynchronous: without a device-wide sync the window would open on kernels of the
-// previous step and close before its own last kernels ran. Goes through the device-guard
-// registry so this file needs no CUDA headers and builds on CPU-only machines.
-void synchronize_cuda() {
-  const auto* impl = c10::impl::getDeviceGuardImpl(c10::kCUDA);
-  impl->synchronizeDevice(impl->getDevice().index());
-}
-
 }  // namespace
+
+// Through the device-guard registry, so this file needs no CUDA headers and builds on CPU-only machines.
+void synchronize_device(const c10::Device& device) {
+  if (!device.is_cuda()) return;
+  const auto* impl = c10::impl::getDeviceGuardImpl(c10::kCUDA);
+  impl->synchronizeDevice(device.has_index() ? device.index() : impl->getDevice().index());
+}
 
 StepProfiler::StepProfiler(const ProfileConfig& config, std::string out_dir, int rank, bool cuda)
     : config_(config), cuda_(cuda && at::hasCUDA()) {
@@ -57,7 +56,7 @@ void StepProfiler::start() {
   if (cuda_) activities.insert(kineto::ActivityType::CUDA);
   const kineto::ProfilerConfig profiler_config(kineto::ProfilerState::KINETO, config_.record_shapes,
                                                /*profile_memory=*/config_.memory);
-  if (cuda_) synchronize_cuda();
+  if (cuda_) synchronize_device(c10::Device(c10::kCUDA));  // else the window mixes steps' kernels
   try {
     // prepare sets Kineto (and CUPTI) up; enable installs the RecordFunction callbacks on this
     // thread and starts collecting.
@@ -73,7 +72,7 @@ void StepProfiler::start() {
 
 void StepProfiler::stop_and_save() {
   running_ = false;
-  if (cuda_) synchronize_cuda();
+  if (cuda_) synchronize_device(c10::Device(c10::kCUDA));  // else the window mixes steps' kernels
   std::unique_ptr<kineto::ProfilerResult> result;
   try {
     result = kineto::disableProfiler();

@@ -20,6 +20,9 @@
 
 namespace flowtrain::trainer {
 
+// Waits for the device's queued work (a no-op on the CPU): for a time that is the work's own.
+void synchronize_device(const c10::Device& device);
+
 class StepProfiler {
  public:
   // out_dir: the run directory. Nothing happens (and nothing is created) unless
