@@ -15,6 +15,7 @@
 #include "trainer/builders.h"
 #include "trainer/config/resolve.h"
 #include "trainer/family.h"
+#include "trainer/frozen/frozen_files.h"
 #include "trainer/ema.h"
 #include "trainer/eval/evaluate.h"
 #include "trainer/eval/evaluator.h"
@@ -108,6 +109,11 @@ Trainer::Trainer(Config config, TrainerHooks hooks) : config_(std::move(config))
   device_ = select_device(config_.run, env_.local_rank);
   configure_cuda(device_, config_.train);  // bound before the first collective
   check_frozen_inputs(config_);  // the frozen files against the model's shapes, before any data is read
+  if (has_frozen_files(config_.model)) {
+    const auto t_digest = Clock::now();
+    frozen_files_ = frozen_file_records(config_.model);  // recorded in checkpoints, checked at a resume
+    spdlog::info("frozen files: {} digested in {:.1f} s", frozen_files_.size(), seconds_since(t_digest));
+  }
   std::shared_ptr<const data::ImageDataset> dataset = build_dataset(config_);
   online_ = OnlineEncoder::for_run(config_, device_);  // frozen models the step runs; null when none
   // The model, from its family (trainer/family.h); initialised from the run seed, so
@@ -336,6 +342,7 @@ void Trainer::prepare_run_dir() {
 
 void Trainer::restore(const std::string& dir) {
   CheckpointContents c = state_->restore(dir);
+  if (c.frozen_files) check_same_frozen_files(*c.frozen_files, frozen_files_, dir);
   for (auto& [name, state] : c.rng) {
     if (name == "cpu") {
       at::Generator gen = at::detail::getDefaultCPUGenerator();  // a handle sharing the global state
@@ -526,6 +533,7 @@ void Trainer::write_checkpoint() {
   c.progress.skipped_updates = health_->skipped_updates();
   if (config_.data.source == DataSource::shards) c.progress.shards = data_->merged_shard_state(progress_.loader);
   c.config_yaml = config_yaml_;
+  c.frozen_files = frozen_files_;
   c.world_size = env_.world;
   checkpoints_->save(c);
 }

@@ -226,6 +226,22 @@ TEST(DataEncode, OnlineEncodingInTheStepTrainsAsThePrecomputedShardsDo) {
     EXPECT_EQ(precomputed[i]["encode_s"].get<double>(), 0.0);
   }
 
+  // The checkpoint names the frozen files by content: a copy elsewhere resumes, an autoencoder with
+  // one byte changed is refused with both files named.
+  fs::copy_file(release.autoencoder, dir + "/copy.safetensors");
+  std::string changed = test::read_file(release.autoencoder);
+  changed.back() = static_cast<char>(changed.back() ^ 1);  // the last byte of the last tensor
+  std::ofstream(dir + "/changed.safetensors", std::ios::binary) << changed;
+  const std::string online_run = "train -c " + config + common + "in/in-{0..1}.tar --set run.out_dir=" + dir +
+                                 "/online --set data.image_member=image --set data.text_member=caption";
+  r = run_flowtrain(online_run + " --set train.steps=4 --set model.autoencoder=" + dir + "/changed.safetensors");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("was trained with 'model.autoencoder' " + release.autoencoder), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("this run's config names " + dir + "/changed.safetensors"), std::string::npos) << r.output;
+  r = run_flowtrain(online_run + " --set train.steps=4 --set model.autoencoder=" + dir + "/copy.safetensors");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("resumed from"), std::string::npos) << r.output;
+
   // A model whose shapes do not fit the files is refused before anything is written, naming both.
   r = run_flowtrain("train -c " + config + common + "in/in-{0..1}.tar --set run.out_dir=" + dir +
                     "/bad --set data.image_member=image --set model.in_channels=16");

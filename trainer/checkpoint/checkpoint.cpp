@@ -216,6 +216,11 @@ std::string save_checkpoint(const std::string& checkpoints_dir, const Checkpoint
           {"config_yaml", c.config_yaml},
           {"files", files},
       };
+      if (c.frozen_files) {
+        json frozen = json::object();
+        for (const auto& [key, record] : *c.frozen_files) frozen[key] = {{"path", record.path}, {"content", record.content}};
+        manifest["frozen_files"] = frozen;
+      }
       write_file_atomic((tmp_dir / "manifest.json").string(), manifest.dump(2));
       fsync_directory(tmp_dir.string());
       // Commit: an older directory of the same step (a rerun after resume) is replaced.
@@ -296,6 +301,16 @@ CheckpointContents read_metadata(const std::string& dir, const json& manifest) {
     throw CheckpointError(fmt::format("{}: health: {}", mpath, e.what()));
   }
   c.config_yaml = required<std::string>(manifest, "config_yaml", mpath);
+  if (manifest.contains("frozen_files")) {
+    try {
+      std::map<std::string, FrozenFileRecord> frozen;
+      for (const auto& [key, record] : manifest.at("frozen_files").items())
+        frozen[key] = {record.at("path").get<std::string>(), record.at("content").get<std::string>()};
+      c.frozen_files = std::move(frozen);
+    } catch (const json::exception& e) {
+      throw CheckpointError(fmt::format("{}: frozen_files: {}", mpath, e.what()));
+    }
+  }
   c.world_size = manifest.value("layout", json::object()).value("world_size", int64_t{1});
   if (manifest["files"].contains("rng.safetensors")) c.rng = read_tensors(fs::path(dir) / "rng.safetensors");
   if (manifest["files"].contains("fp8.safetensors")) c.fp8 = read_tensors(fs::path(dir) / "fp8.safetensors");

@@ -6,7 +6,8 @@
 //     optimizer.safetensors   AdamW state: exp_avg.<key>, exp_avg_sq.<key>
 //     rng.safetensors         generator states (cpu; cuda when used)
 //     manifest.json           step, data-loader state per rank, LR/optimizer counters, the resolved
-//                             config, world layout, and size + CRC-32 of every file above
+//                             config, world layout, size + CRC-32 of every file above, and the
+//                             frozen models' files (path, size + CRC-32) the run trained with
 //
 // Commit protocol: everything is written into `step-NNNNNNN.tmp/`, each file fsynced, the
 // manifest last; then the directory is renamed to `step-NNNNNNN/` and its parent fsynced. A
@@ -29,6 +30,7 @@
 #include "trainer/checkpoint/state_dict.h"
 
 #include <functional>
+#include <map>
 #include <optional>
 #include <set>
 #include <string>
@@ -76,6 +78,14 @@ struct ShardedContents {
   NamedTensors fixed;   // unsharded parameters (pos_embed), written by rank 0
 };
 
+// A frozen model's file the run was trained with (model.autoencoder, model.text_encoders.*): never
+// in a checkpoint itself, but named with a digest of its content, so a resume with other files
+// is refused (trainer/frozen/frozen_files.h).
+struct FrozenFileRecord {
+  std::string path;
+  std::string content;  // "BYTES CRC32" of a file; a folder's: "NAME BYTES CRC32 …" of each file it holds
+};
+
 struct CheckpointContents {
   NamedTensors model;
   NamedTensors ema;        // may be empty
@@ -85,6 +95,8 @@ struct CheckpointContents {
   TrainProgress progress;
   int64_t optimizer_step_count = 0;
   std::string config_yaml;  // the resolved config of the run that wrote it
+  // By config key ("model.autoencoder", …). Unset in checkpoints written before they were recorded.
+  std::optional<std::map<std::string, FrozenFileRecord>> frozen_files;
   std::optional<ShardedContents> sharded;
   int64_t world_size = 1;
 };
