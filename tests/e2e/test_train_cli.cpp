@@ -263,4 +263,14 @@ TEST(ConfigCli, PrintsWhatTheConfigResolvesToAndRefusesABrokenPlan) {
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_NE(r.output.find("'data.batch_size' (128) must be divisible by 48 data-parallel ranks"), std::string::npos)
       << r.output;
+
+  // The FLUX.1-schnell fine-tune a user starts from resolves for 8 and 64 GPUs (its weight files
+  // are not read here).
+  for (const char* world : {"8", "64"}) {
+    r = run_flowtrain("config -c " + source_path("configs/flux_schnell_finetune.yaml") + " --world " + world +
+                      " --ranks-per-node 8 --gpus 8");
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find("# model: 11891.179M parameters"), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("#   sharding  FSDP over the mesh, nccl collectives"), std::string::npos) << r.output;
+  }
 }
