@@ -65,7 +65,7 @@ std::shared_ptr<const data::ImageDataset> build_dataset(const Config& c) {
     for (const auto& item : set.items) captions.push_back(item.caption);
     dataset->images = set.images;
     dataset->labels = at::zeros({set.images.size(0)}, at::kLong);
-    dataset->fields = text_fields(c, captions);
+    if (model_family(c.model.arch).text_conditioning) dataset->fields = text_fields(c, captions);  // else images only
   } else {  // synthetic: sized like the model's input, for benchmarks and data-free tests
     // Clips for a video model; fewer of them (a 32-frame 64² clip of 4 channels is 0.5 MB).
     const int64_t n = std::max<int64_t>(c.model.frames > 1 ? 64 : 4096, c.data.batch_size);
@@ -75,7 +75,7 @@ std::shared_ptr<const data::ImageDataset> build_dataset(const Config& c) {
     const DataInput input = data_input(c);  // pixels when the step encodes them
     *dataset = data::make_synthetic_dataset(n, input.channels, input.image_size, classes,
                                             static_cast<uint64_t>(c.run.seed), c.model.frames);
-    if (!model_family(c.model.arch).class_conditioning) dataset->fields = synthetic_text_fields(c, dataset->size());
+    if (model_family(c.model.arch).text_conditioning) dataset->fields = synthetic_text_fields(c, dataset->size());
   }
   const std::string where = c.source_path.empty() ? std::string("config") : c.source_path;
   if (c.model.frames > 1 && dataset->images.dim() != 5)

@@ -143,6 +143,8 @@ data::ShardLoaderOptions shard_loader_options(const Config& c, int64_t dp_rank, 
   if (family.class_conditioning) {
     o.spec.label = true;
     o.spec.num_classes = class_count(c.model);
+  } else if (!family.text_conditioning) {
+    // An unconditioned model (the autoencoder) reads the images alone.
   } else if (reads_caption_tokens(c.model)) {
     o.spec.caption = true;
     auto tokenizer = data_tokenizer(c);

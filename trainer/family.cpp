@@ -34,10 +34,13 @@ void register_family(FamilySpec spec) {
   for (const auto& f : r.families)
     if (f->arch == spec.arch) throw std::invalid_argument("register_family: model.arch '" + spec.arch + "' is taken");
   if (!spec.preset || !spec.validate || !spec.build || !spec.cost || !spec.image_tokens || !spec.parallelize ||
-      !spec.class_conditioning == !spec.text_conditioning || !spec.class_conditioning != !spec.classes)
+      !spec.class_conditioning != !spec.classes ||
+      (spec.objective ? spec.class_conditioning || spec.text_conditioning || !spec.objective->loss
+                      : !spec.class_conditioning == !spec.text_conditioning))
     throw std::invalid_argument("register_family: '" + spec.arch +
                                 "' needs preset, validate, build, cost, image_tokens, parallelize and exactly one of "
-                                "class_conditioning (with classes) / text_conditioning");
+                                "class_conditioning (with classes) / text_conditioning, or an objective of its own "
+                                "and neither");
   r.families.push_back(std::make_unique<FamilySpec>(std::move(spec)));
 }
 
@@ -108,8 +111,8 @@ bool reads_caption_tokens(const ModelConfig& model) {
 TextConditioning text_conditioning(const ModelConfig& model) {
   const FamilySpec& family = model_family(model.arch);
   if (!family.text_conditioning)
-    throw ConfigError(fmt::format("'model.arch' {} is class-conditional: it reads no text (text-conditioned: {})",
-                                  model.arch,
+    throw ConfigError(fmt::format("'model.arch' {} is {}: it reads no text (text-conditioned: {})", model.arch,
+                                  family.class_conditioning ? "class-conditional" : "unconditioned",
                                   fmt::join(arch_names_where([](const FamilySpec& f) { return bool(f.text_conditioning); }),
                                             "|")));
   return family.text_conditioning(model);

@@ -21,6 +21,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -73,7 +74,7 @@ struct FamilySpec {
   // The visual tokens of one sample at model.image_size (Flux's resolution shift counts them).
   std::function<int64_t(const ModelConfig&)> image_tokens;
 
-  // --- conditioning: exactly one of the two is set -------------------------------------------
+  // --- conditioning: at most one of the two is set (neither: an unconditioned model) ------------
   // The conditioning of samples of class `labels` (int64 [B]): training batches of a labelled
   // data set, sample grids and the class-conditional evaluation.
   std::function<models::Conditioning(const at::Tensor& labels)> class_conditioning;
@@ -81,6 +82,26 @@ struct FamilySpec {
   std::function<int64_t(const ModelConfig&)> classes;
   // What text a text-conditioned model reads, for this model section.
   std::function<TextConditioning(const ModelConfig&)> text_conditioning;
+
+  // --- an objective of its own ----------------------------------------------------------------
+  // Unset for the generative families: flow matching on the model's velocity
+  // (models/flow_matching.h), sampled in grids and judged on samples. Set for a family trained
+  // otherwise (the autoencoder): it has no conditioning, is not sampled (sample.every and
+  // eval.every 0), and `flowtrain eval` scores its reconstructions of the held-out split.
+  struct Objective {
+    // Per-sample losses [B] of micro-batch `x0` (as the loader gives it); `seed` seeds any draw
+    // (a pure function of run seed, step and rows, so a rerun is exact).
+    std::function<at::Tensor(models::DiffusionModel& model, const ModelConfig& config, const at::Tensor& x0,
+                             uint64_t seed)>
+        loss;
+    // The model's reconstruction of images x (no draw): what the evaluation scores.
+    std::function<at::Tensor(models::DiffusionModel& model, const at::Tensor& x)> reconstruct;
+    // `flowtrain export`: metadata of the exported file, from the trained model and its run's
+    // config (e.g. the latents' scale and shift, measured on the run's data).
+    std::function<std::map<std::string, std::string>(models::DiffusionModel& model, const Config& config)>
+        export_metadata;
+  };
+  std::optional<Objective> objective;
 
   // --- capabilities -----------------------------------------------------------------------------
   // Position ids follow the sample's shape, so aspect-ratio buckets (data.buckets) can train it.

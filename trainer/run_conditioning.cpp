@@ -133,6 +133,14 @@ std::map<std::string, at::Tensor> synthetic_text_fields(const Config& c, int64_t
 RunConditioning run_conditioning(const Config& c, std::shared_ptr<const data::ImageDataset> dataset) {
   const FamilySpec& family = model_family(c.model.arch);
   RunConditioning rc;
+  if (!family.class_conditioning && !family.text_conditioning) {  // an unconditioned model: nothing to read
+    rc.of_batch = [](const data::Batch&) { return models::Conditioning{}; };
+    rc.of_rows = [arch = c.model.arch](const at::Tensor&) -> models::Conditioning {
+      throw ConfigError(fmt::format("'model.arch' {} is not sampled: it has no conditioning to sample rows of", arch));
+    };
+    rc.of_eval_rows = rc.of_rows;
+    return rc;
+  }
   if (family.class_conditioning) {
     require_text_model(c);
     const auto& of_labels = family.class_conditioning;

@@ -121,6 +121,7 @@ Trainer::Trainer(Config config, TrainerHooks hooks) : config_(std::move(config))
   at::manual_seed(static_cast<uint64_t>(config_.run.seed));
   const FamilySpec& family = model_family(config_.model.arch);
   conditioning_ = run_conditioning(config_, dataset);
+  if (family.objective) objective_ = &*family.objective;
   std::shared_ptr<models::DiffusionModel> model = family.build(config_.model);
   // train.init_from seeds a fresh run only: a run with checkpoints to resume from never re-reads
   // the file (it may be gone, and the checkpoint has the weights). Loaded before anything is
@@ -409,12 +410,22 @@ Trainer::StepResult Trainer::train_step() {
     {
       ProfileRange range("forward");
       models::AutocastRegion autocast(config_.train.bf16_autocast(), device_.type());  // bf16: forward only
-      models::FlowMatchingDraw draw = draw_step_inputs(config_, timesteps_, dropout, x0, cond.rows(m * micro, micro),
-                                                       progress_.step, first_row + m * micro);
-      models::FlowMatchingLoss fm = models::flow_matching_loss(velocity, x0, draw);
-      loss = loss_scale == 1.0 ? fm.loss : fm.loss * loss_scale;
+      at::Tensor per_sample;
+      if (objective_) {  // the family's own objective (trainer/family.h), e.g. the autoencoder's
+        per_sample = objective_->loss(model, config_.model, x0,
+                                      step_seed(config_.run.seed, /*rank=*/2, progress_.step,
+                                                /*micro=*/first_row + m * micro));
+        loss = per_sample.mean();
+      } else {
+        models::FlowMatchingDraw draw = draw_step_inputs(config_, timesteps_, dropout, x0, cond.rows(m * micro, micro),
+                                                         progress_.step, first_row + m * micro);
+        models::FlowMatchingLoss fm = models::flow_matching_loss(velocity, x0, draw);
+        loss = fm.loss;
+        per_sample = models::per_sample_loss(fm);
+      }
+      if (loss_scale != 1.0) loss = loss * loss_scale;
       const auto t_health = Clock::now();
-      sample_losses.push_back(loss_scale == 1.0 ? models::per_sample_loss(fm) : models::per_sample_loss(fm) * loss_scale);
+      sample_losses.push_back(loss_scale == 1.0 ? per_sample.detach() : per_sample.detach() * loss_scale);
       health_seconds_ += seconds_since(t_health);
     }
     {

@@ -116,6 +116,7 @@ class Trainer {
   std::unique_ptr<parallel::Runtime> runtime_;  // null in a single-process run
   int64_t dp_rank_ = 0, dp_size_ = 1;           // this rank's slice of each global batch
   RunConditioning conditioning_;  // what conditions the batches, grids and evaluations
+  const FamilySpec::Objective* objective_ = nullptr;  // the family's own objective; null: flow matching
   std::map<std::string, FrozenFileRecord> frozen_files_;  // the frozen models' files, for checkpoints
   std::unique_ptr<OnlineEncoder> online_;  // the frozen encoders the step runs; null when data is precomputed
   std::unique_ptr<TrainState> state_;

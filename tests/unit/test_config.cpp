@@ -98,10 +98,11 @@ TEST(ConfigTest, AllKeysListsEverySettingInFileOrder) {
       "model.image_size", "model.frames", "model.in_channels", "model.autoencoder", "model.text_encoders.t5",
       "model.text_encoders.t5_tokenizer", "model.text_encoders.t5_max_length", "model.text_encoders.clip",
       "model.text_encoders.clip_tokenizer",
-      // The families' own keys, in registration order (dit, flux).
+      // The families' own keys, in registration order (dit, flux, vae).
       "model.num_classes", "model.class_dropout", "model.learn_sigma",
       "model.depth_single", "model.context_dim", "model.vec_dim", "model.axes_dim", "model.theta", "model.text_len",
       "model.text_dropout", "model.text_encoder_layers", "model.text_encoder_heads", "model.vocab_size", "model.patch_t",
+      "model.ch_mult", "model.z_channels", "model.norm_groups", "model.kl_weight",
       "flow.timesteps", "flow.logit_mean", "flow.logit_std", "flow.shift", "flow.resolution_shift",
       "data.source", "data.path", "data.batch_size", "data.workers", "data.prefetch", "data.shards",
       "data.shard_list", "data.shard_index", "data.streams", "data.image_member", "data.text_member", "data.buckets", "data.video.frames", "data.video.fps",
@@ -503,7 +504,7 @@ TEST(ConfigTest, ExplicitDimensionsOverrideTheSize) {
 }
 
 TEST(ConfigTest, UnknownSizeIsRejected) {
-  EXPECT_EQ(parse_error("model:\n  size: M\n"), "cfg.yaml:2: 'model.size' must be one of tiny|S|B|L|XL|flux-dev|flux-schnell|flux-small|flux-tiny, got 'M'");
+  EXPECT_EQ(parse_error("model:\n  size: M\n"), "cfg.yaml:2: 'model.size' must be one of tiny|S|B|L|XL|flux-dev|flux-schnell|flux-small|flux-tiny|flux-ae|ae-small|ae-tiny, got 'M'");
   // A size of another family: the family's own check names it.
   EXPECT_EQ(parse_error("model:\n  size: flux-dev\n"),
             "cfg.yaml: 'model.size' 'flux-dev' is not a DiT size (one of tiny|S|B|L|XL)");
@@ -582,13 +583,13 @@ TEST(ConfigValidateTest, ChoicesAreCheckedForConfigsBuiltInCode) {
   EXPECT_EQ(validate_error(c), "'run.device' must be one of auto|cpu|cuda, got enumerator 7");
   c = Config{};
   c.model.arch = "unet";
-  EXPECT_EQ(validate_error(c), "'model.arch' must be one of dit|flux, got 'unet'");
+  EXPECT_EQ(validate_error(c), "'model.arch' must be one of dit|flux|vae, got 'unet'");
   c = Config{};
   c.data.source = static_cast<DataSource>(4);
   EXPECT_EQ(validate_error(c), "'data.source' must be one of fashion_mnist|compositions|synthetic|shards, got enumerator 4");
   c = Config{};
   c.model.size = "M";
-  EXPECT_EQ(validate_error(c), "'model.size' must be one of tiny|S|B|L|XL|flux-dev|flux-schnell|flux-small|flux-tiny, got 'M'");
+  EXPECT_EQ(validate_error(c), "'model.size' must be one of tiny|S|B|L|XL|flux-dev|flux-schnell|flux-small|flux-tiny|flux-ae|ae-small|ae-tiny, got 'M'");
   c = Config{};
   c.optim.lr = 2;
   EXPECT_EQ(validate_error(c), "'optim.lr' must be in (0, 1], got 2.0");
@@ -772,7 +773,7 @@ TEST(ConfigTest, FrozenTextEncodersComeWithTheirTokenizersAndServeTextFamilies) 
       << lone;
   const std::string dit =
       parse_error("model:\n  text_encoders:\n    clip: /w/clip\n    clip_tokenizer: /w/tokenizer\n");
-  EXPECT_NE(dit.find("model.arch dit is class-conditional; text encoders serve flux"), std::string::npos) << dit;
+  EXPECT_NE(dit.find("model.arch dit reads no text; text encoders serve flux"), std::string::npos) << dit;
   // The autoencoder serves any family (a DiT on latents).
   EXPECT_EQ(parse_config("model:\n  autoencoder: /w/ae.safetensors\n", "cfg.yaml").model.autoencoder, "/w/ae.safetensors");
 }

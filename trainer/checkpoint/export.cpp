@@ -19,7 +19,8 @@ std::vector<std::string> export_checkpoint(const ExportOptions& o) {
   if (o.ema && c.ema.empty())
     throw CheckpointError(fmt::format("{}: --ema requested but the checkpoint has no EMA weights", o.checkpoint_dir));
   const NamedTensors& source = o.ema ? c.ema : c.model;
-  const std::vector<std::string> parts = exported_parts(parse_config(c.config_yaml, o.checkpoint_dir + "/config").model);
+  const Config config = parse_config(c.config_yaml, o.checkpoint_dir + "/config");
+  const std::vector<std::string> parts = exported_parts(config.model);
   if (parts.size() > 1 && o.text_encoder_out.empty())
     throw CheckpointError(fmt::format("{}: the model has a built-in text encoder; name its file with --text-encoder-out "
                                       "(--out gets the transformer with the reference key names)",
@@ -27,11 +28,17 @@ std::vector<std::string> export_checkpoint(const ExportOptions& o) {
   if (parts.size() == 1 && !o.text_encoder_out.empty())
     throw CheckpointError(fmt::format("{}: --text-encoder-out given but the model has no built-in text encoder",
                                       o.checkpoint_dir));
-  const std::map<std::string, std::string> metadata = {{"format", "pt"},
-                                                       {"source_checkpoint", o.checkpoint_dir},
-                                                       {"weights", o.ema ? "ema" : "raw"},
-                                                       {"step", std::to_string(c.progress.step)},
-                                                       {"flowtrain_config", c.config_yaml}};
+  std::map<std::string, std::string> metadata = {{"format", "pt"},
+                                                 {"source_checkpoint", o.checkpoint_dir},
+                                                 {"weights", o.ema ? "ema" : "raw"},
+                                                 {"step", std::to_string(c.progress.step)},
+                                                 {"flowtrain_config", c.config_yaml}};
+  const FamilySpec& family = model_family(config.model.arch);
+  if (family.objective && family.objective->export_metadata) {  // e.g. the autoencoder's latent scale and shift
+    std::shared_ptr<models::DiffusionModel> model = family.build(config.model);
+    load_state_dict(*model, source, o.checkpoint_dir);
+    metadata.merge(family.objective->export_metadata(*model, config));
+  }
   const std::vector<std::string> paths = {o.out_path, o.text_encoder_out};
   if (parts.size() > 1 && std::filesystem::weakly_canonical(o.out_path) == std::filesystem::weakly_canonical(o.text_encoder_out))
     throw std::invalid_argument(fmt::format("--out and --text-encoder-out are the same file ({})", o.out_path));

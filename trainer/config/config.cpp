@@ -912,6 +912,15 @@ void Config::validate() const {
   }
 
   model_family(model.arch).validate(model);  // the family's cross-field checks
+  if (model_family(model.arch).objective) {  // trained by an objective of its own: nothing to sample
+    if (sample.every > 0)
+      throw ConfigError("'sample.every' is " + std::to_string(sample.every) + " but model.arch " + model.arch +
+                        " is not sampled (set sample.every 0)");
+    if (eval.every > 0)
+      throw ConfigError("'eval.every' is " + std::to_string(eval.every) + " but model.arch " + model.arch +
+                        " is evaluated on a checkpoint by `flowtrain eval` (reconstruction of the held-out split); "
+                        "set eval.every 0");
+  }
   // Each frozen text encoder comes with its tokenizer, and only to a family that reads text.
   for (const auto& [encoder, tokenizer, name] :
        {std::tuple{&model.t5_encoder, &model.t5_tokenizer, "t5"}, std::tuple{&model.clip_encoder, &model.clip_tokenizer, "clip"}})
@@ -920,7 +929,7 @@ void Config::validate() const {
                         "_tokenizer' go together: set both or neither");
   if ((!model.t5_encoder.empty() || !model.clip_encoder.empty()) && !model_family(model.arch).text_conditioning)
     throw ConfigError("'model.text_encoders.*' are set but model.arch " + model.arch +
-                      " is class-conditional; text encoders serve " + join(arch_names_where([](const FamilySpec& f) {
+                      " reads no text; text encoders serve " + join(arch_names_where([](const FamilySpec& f) {
                         return static_cast<bool>(f.text_conditioning);
                       }), "|"));
   check_batch_split(*this, /*data_parallel=*/1);  // the world is not known yet: resolve() checks it there

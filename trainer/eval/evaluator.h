@@ -1,6 +1,7 @@
-// One interface for the three kinds of model-quality evaluation, chosen once per run from its
+// One interface for the four kinds of model-quality evaluation, chosen once per run from its
 // task: training's periodic evaluation (eval.every) and `flowtrain eval` both ask make_evaluator.
 //
+//   a family with its own objective  reconstruction of the held-out split (reconstruction.cpp)
 //   data.source compositions        prompt following (trainer/eval/prompt_following.h)
 //   a video model (model.frames > 1) motion following (trainer/eval/motion_following.h)
 //   otherwise                        class-conditional quality on Fashion-MNIST (evaluate.h)
@@ -45,9 +46,10 @@ class Evaluator {
 // The evaluation of `config`'s task (the table above: the one place that decides it).
 std::unique_ptr<Evaluator> make_evaluator(const Config& config);
 
-// The three, for make_evaluator (each defined beside its metrics).
+// The four, for make_evaluator (each defined beside its metrics).
 std::unique_ptr<Evaluator> make_class_conditional_evaluator();
 std::unique_ptr<Evaluator> make_prompt_following_evaluator();
 std::unique_ptr<Evaluator> make_motion_following_evaluator();
+std::unique_ptr<Evaluator> make_reconstruction_evaluator();
 
 }  // namespace flowtrain::trainer

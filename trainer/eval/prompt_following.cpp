@@ -1,5 +1,7 @@
 #include "trainer/eval/prompt_following.h"
 
+#include "trainer/frozen/frozen_sampling.h"
+
 #include "data/data_error.h"
 #include "trainer/builders.h"
 #include "trainer/checkpoint/file_util.h"
@@ -222,11 +224,12 @@ PromptFollowingReport score_prompt_following(const at::Tensor& samples, const st
 
 void check_prompt_following_config(const Config& c, const models::DiffusionModel& model) {
   const std::string where = c.source_path.empty() ? std::string("config") : c.source_path;
-  const std::vector<int64_t> shape = model.sample_shape();
+  const std::vector<int64_t> shape = pixel_sample_shape(c, model.sample_shape());  // decoded, for a latent model
   if (shape != std::vector<int64_t>{3, data::kCompositionSide, data::kCompositionSide})
     throw ConfigError(fmt::format("{}: prompt following judges 3×56×56 canvases; the model makes {}×{}×{} "
-                                  "('model.in_channels', 'model.image_size')",
-                                  where, shape[0], shape[1], shape[2]));
+                                  "('model.in_channels', 'model.image_size'{})",
+                                  where, shape[0], shape[1], shape[2],
+                                  c.model.autoencoder.empty() ? "" : ", through model.autoencoder"));
   check_judgeable_run(c);
 }
 

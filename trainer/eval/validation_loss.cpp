@@ -1,5 +1,8 @@
 #include "trainer/eval/validation_loss.h"
 
+#include "trainer/frozen/frozen_sampling.h"
+#include "trainer/frozen/online_encoding.h"
+
 #include "data/loader.h"
 #include "models/autocast_region.h"
 #include "models/flow_matching.h"
@@ -23,7 +26,8 @@ double validation_loss(models::DiffusionModel& model, const at::Tensor& images_u
   const int64_t n = images_u8.size(0);
   TORCH_CHECK(n > 0, "validation_loss: no images");
   const auto start = std::chrono::steady_clock::now();
-  const at::Tensor x0_all = data::model_input_images(images_u8, config.model.image_size);
+  // A latent model (model.autoencoder) is judged on the held-out images' latents.
+  const at::Tensor x0_all = pixels_to_model_space(config, data::model_input_images(images_u8, data_input(config).image_size));
   // Every draw up front on the CPU, so neither the device nor the batching changes them.
   at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(seed);
   const at::Tensor noise_all = at::randn(x0_all.sizes(), gen, x0_all.options());

@@ -4,7 +4,8 @@
 
 #define FLOWTRAIN_FAMILIES(X) \
   X(dit)                      \
-  X(flux)
+  X(flux)                     \
+  X(vae)
 
 namespace flowtrain::trainer {
 

@@ -2,6 +2,7 @@
 
 #include "trainer/builders.h"
 #include "trainer/frozen/frozen_encoders.h"
+#include "trainer/frozen/frozen_models.h"
 
 
 namespace flowtrain::trainer {
@@ -28,6 +29,21 @@ at::Tensor samples_to_pixels(const Config& config, const at::Tensor& samples) {
   ModelConfig decoder_only;
   decoder_only.autoencoder = config.model.autoencoder;
   return shared_frozen_encoders(decoder_only, select_device(config.run)).decode_latents(samples).cpu();
+}
+
+std::vector<int64_t> pixel_sample_shape(const Config& config, std::vector<int64_t> shape) {
+  if (!decodes_samples(config)) return shape;
+  const models::AutoencoderOptions ae = autoencoder_options_of_file(config.model.autoencoder);
+  shape[0] = ae.out_channels;
+  for (size_t d = shape.size() - 2; d < shape.size(); ++d) shape[d] *= ae.downscale();
+  return shape;
+}
+
+at::Tensor pixels_to_model_space(const Config& config, const at::Tensor& pixels) {
+  if (!decodes_samples(config)) return pixels;
+  ModelConfig encoder_only;
+  encoder_only.autoencoder = config.model.autoencoder;
+  return shared_frozen_encoders(encoder_only, select_device(config.run)).encode_images(pixels).cpu();
 }
 
 }  // namespace flowtrain::trainer

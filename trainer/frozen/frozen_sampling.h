@@ -26,5 +26,11 @@ bool decodes_samples(const Config& config);
 // Samples in the model's space -> images in about [−1, 1] on the CPU: decoded when
 // decodes_samples(config), else as they are.
 at::Tensor samples_to_pixels(const Config& config, const at::Tensor& samples);
+// The shape of one sample as pixels: the model's sample_shape(), or, when decodes_samples(config),
+// the autoencoder's output channels and f× the side (f: its downsampling; reads the file's header).
+std::vector<int64_t> pixel_sample_shape(const Config& config, std::vector<int64_t> model_shape);
+// The inverse, for held-out images: pixels in [−1, 1] -> the model's space (the autoencoder's
+// scaled latent means when decodes_samples(config), else as they are), float32 on the CPU.
+at::Tensor pixels_to_model_space(const Config& config, const at::Tensor& pixels);
 
 }  // namespace flowtrain::trainer
