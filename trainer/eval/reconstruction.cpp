@@ -72,7 +72,7 @@ class ReconstructionEvaluator : public Evaluator {
                                    {"psnr_db", psnr},
                                    {"psnr_of_mean_mse_db", psnr_of_mean},
                                    {"mean_abs_error", l1}};
-    spdlog::info("eval {} ({} {} weights, {} held-out images): PSNR {:.2f} dB (of the mean MSE {:.2f} dB), mean "
+    spdlog::info("eval {} (step {}, {} weights, {} held-out images): PSNR {:.2f} dB (of the mean MSE {:.2f} dB), mean "
                  "absolute error {:.4f} on [0, 1]",
                  checkpoint_dir, cm.step, cm.ema ? "EMA" : "raw", per_image_mse.size(0), psnr, psnr_of_mean, l1);
     write_file_atomic(cm.report_path, report.dump(2) + "\n");

@@ -2,9 +2,32 @@
 
 #include <fmt/format.h>
 
+#include <sstream>
 #include <stdexcept>
 
 namespace flowtrain::trainer::families {
+
+std::vector<int64_t> parse_positive_ints(const std::string& text, const std::string& key, const std::string& example,
+                                         const std::string& what, const std::function<bool(int64_t)>& also) {
+  const std::string error = fmt::format("'model.{}' must be comma-separated positive {}integers (e.g. {}), got '{}'", key,
+                                        what.empty() ? "" : what + " ", example, text);
+  std::vector<int64_t> values;
+  std::stringstream in(text);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    size_t used = 0;
+    int64_t v = 0;
+    try {
+      v = std::stoll(item, &used);
+    } catch (const std::exception&) {
+      throw ConfigError(error);
+    }
+    if (used != item.size() || v <= 0 || (also && !also(v))) throw ConfigError(error);
+    values.push_back(v);
+  }
+  if (values.empty()) throw ConfigError(error);
+  return values;
+}
 
 void check_patch_transformer(const ModelConfig& model, int64_t patch_t) {
   const int64_t hidden = model.resolved_hidden();

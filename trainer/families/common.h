@@ -15,6 +15,12 @@ namespace flowtrain::trainer::families {
 // model.hidden. Throws ConfigError naming the keys.
 void check_patch_transformer(const ModelConfig& model, int64_t patch_t = 1);
 
+// A comma-separated list of positive integers ("16,56,56"), each also satisfying `also` when
+// given; otherwise ConfigError "'model.KEY' must be comma-separated positive <what> integers
+// (e.g. EXAMPLE), got 'TEXT'".
+std::vector<int64_t> parse_positive_ints(const std::string& text, const std::string& key, const std::string& example,
+                                         const std::string& what = "", const std::function<bool(int64_t)>& also = {});
+
 // A family's preset of `size` from its options-by-name function (which throws
 // std::invalid_argument for a foreign name), as the ConfigError "'model.size' 'X' is not a
 // <family> size (one of …)".

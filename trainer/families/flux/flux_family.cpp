@@ -23,22 +23,7 @@ const FluxConfig& flux_keys(const ModelConfig& m) { return m.family<FluxConfig>(
 bool has_builtin_text_encoder(const ModelConfig& m) { return flux_keys(m).text_encoder_layers > 0; }
 
 std::vector<int64_t> parse_axes(const std::string& text) {
-  std::vector<int64_t> axes;
-  std::stringstream in(text);
-  std::string item;
-  while (std::getline(in, item, ',')) {
-    try {
-      size_t used = 0;
-      const int64_t v = std::stoll(item, &used);
-      if (used != item.size() || v <= 0 || v % 2) throw std::invalid_argument(item);
-      axes.push_back(v);
-    } catch (const std::exception&) {
-      throw ConfigError(fmt::format("'model.axes_dim' must be comma-separated positive even integers "
-                                    "(e.g. 16,56,56), got '{}'",
-                                    text));
-    }
-  }
-  return axes;
+  return parse_positive_ints(text, "axes_dim", "16,56,56", "even", [](int64_t v) { return v % 2 == 0; });
 }
 
 std::vector<Key<ModelConfig>> flux_config_keys() {

@@ -13,7 +13,6 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
-#include <sstream>
 
 namespace flowtrain::trainer::families {
 
@@ -44,30 +43,13 @@ AutoencoderSize size_of(const std::string& name) {
   throw std::invalid_argument(name);
 }
 
-std::vector<int64_t> parse_ch_mult(const std::string& text) {
-  std::vector<int64_t> out;
-  std::stringstream in(text);
-  std::string item;
-  while (std::getline(in, item, ',')) {
-    try {
-      size_t used = 0;
-      const int64_t v = std::stoll(item, &used);
-      if (used != item.size() || v < 1) throw std::invalid_argument(item);
-      out.push_back(v);
-    } catch (const std::exception&) {
-      throw ConfigError(fmt::format("'model.ch_mult' must be positive integers separated by commas, got '{}'", text));
-    }
-  }
-  if (out.empty()) throw ConfigError("'model.ch_mult' is empty");
-  return out;
-}
 
 models::AutoencoderOptions autoencoder_options(const ModelConfig& m) {
   const VaeConfig& a = m.family<VaeConfig>();
   models::AutoencoderOptions o;
   o.in_channels = o.out_channels = m.in_channels;
   o.ch = m.resolved_hidden();
-  o.ch_mult = a.ch_mult.empty() ? size_of(m.size).ch_mult : parse_ch_mult(a.ch_mult);
+  o.ch_mult = a.ch_mult.empty() ? size_of(m.size).ch_mult : parse_positive_ints(a.ch_mult, "ch_mult", "1,2,4,4");
   o.num_res_blocks = m.resolved_depth();
   o.z_channels = a.z_channels;
   o.norm_groups = a.norm_groups;
