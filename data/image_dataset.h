@@ -11,7 +11,9 @@
 namespace flowtrain::data {
 
 struct ImageDataset {
-  at::Tensor images;        // uint8 [N, C, H, W], or clips [N, T, C, H, W] (the shard loader's layout)
+  at::Tensor images;        // uint8 [N, C, H, W], or clips [N, T, C, H, W] (the shard loader's layout);
+                            // float [N, z, h, w]: latents, the model's inputs as they are (a set
+                            // encoded once through the autoencoder, trainer/frozen/online_encoding.h)
   at::Tensor labels;        // int64 [N] (all 0 for a data set without classes)
   int64_t num_classes = 0;
   // Further per-sample tensors, each [N, ...], handed out with the images under their names:

@@ -102,7 +102,9 @@ Batch Loader::assemble(const LoaderState& start) {
 
   Batch batch;
   // uint8 0..255 -> [−1, 1]
-  batch.images = model_input_images(dataset_->images.index_select(0, index), options_.image_size);
+  const at::Tensor rows = dataset_->images.index_select(0, index);
+  // Float images are the model's inputs already (a set encoded once through the autoencoder).
+  batch.images = rows.is_floating_point() ? rows : model_input_images(rows, options_.image_size);
   batch.labels = dataset_->labels.index_select(0, index);
   for (const auto& [name, field] : dataset_->fields) batch.fields[name] = field.index_select(0, index);
   if (options_.pin_memory) {

@@ -89,10 +89,11 @@ struct FamilySpec {
   // otherwise (the autoencoder): it has no conditioning, is not sampled (sample.every and
   // eval.every 0), and `flowtrain eval` scores its reconstructions of the held-out split.
   struct Objective {
-    // Per-sample losses [B] of micro-batch `x0` (as the loader gives it); `seed` seeds any draw
-    // (a pure function of run seed, step and rows, so a rerun is exact).
+    // Per-sample losses [B] of micro-batch `x0` (as the loader gives it). Any draw for row i uses
+    // row_seed(i), a pure function of (run seed, step, the row's index in the global batch): a
+    // rerun, and a run at another world size, draws the same.
     std::function<at::Tensor(models::DiffusionModel& model, const ModelConfig& config, const at::Tensor& x0,
-                             uint64_t seed)>
+                             const std::function<uint64_t(int64_t row)>& row_seed)>
         loss;
     // The model's reconstruction of images x (no draw): what the evaluation scores.
     std::function<at::Tensor(models::DiffusionModel& model, const at::Tensor& x)> reconstruct;

@@ -115,6 +115,7 @@ Trainer::Trainer(Config config, TrainerHooks hooks) : config_(std::move(config))
     spdlog::info("frozen files: {} digested in {:.1f} s", frozen_files_.size(), seconds_since(t_digest));
   }
   std::shared_ptr<const data::ImageDataset> dataset = build_dataset(config_);
+  if (encodes_dataset_once(config_)) dataset = encode_dataset_once(config_, dataset, device_);
   online_ = OnlineEncoder::for_run(config_, device_);  // frozen models the step runs; null when none
   // The model, from its family (trainer/family.h); initialised from the run seed, so
   // identical on every rank. Built before the run directory: its shape decides the checks below.
@@ -412,9 +413,10 @@ Trainer::StepResult Trainer::train_step() {
       models::AutocastRegion autocast(config_.train.bf16_autocast(), device_.type());  // bf16: forward only
       at::Tensor per_sample;
       if (objective_) {  // the family's own objective (trainer/family.h), e.g. the autoencoder's
-        per_sample = objective_->loss(model, config_.model, x0,
-                                      step_seed(config_.run.seed, /*rank=*/2, progress_.step,
-                                                /*micro=*/first_row + m * micro));
+        const int64_t rows_from = first_row + m * micro;  // global index of x0's first row
+        per_sample = objective_->loss(model, config_.model, x0, [&](int64_t row) {
+          return step_seed(config_.run.seed, /*rank=*/2, progress_.step, /*micro=*/rows_from + row);
+        });
         loss = per_sample.mean();
       } else {
         models::FlowMatchingDraw draw = draw_step_inputs(config_, timesteps_, dropout, x0, cond.rows(m * micro, micro),

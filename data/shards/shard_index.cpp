@@ -15,6 +15,8 @@
 #include <mutex>
 #include <thread>
 
+#include <unistd.h>
+
 namespace flowtrain::data {
 
 using nlohmann::json;
@@ -22,7 +24,8 @@ using nlohmann::json;
 void write_shard_index(const std::string& dir, const std::vector<ShardIndexEntry>& shards) {
   json j = {{"format", "flowtrain-shard-index-1"}, {"shards", json::array()}};
   for (const auto& s : shards) j["shards"].push_back({{"name", s.name}, {"samples", s.samples}, {"bytes", s.bytes}});
-  const std::string path = dir + "/index.json", tmp = path + ".tmp";
+  // A temporary name of this process's own: ranks that finish together may both write the index.
+  const std::string path = dir + "/index.json", tmp = fmt::format("{}.tmp.{}", path, ::getpid());
   {
     std::ofstream out(tmp);
     out << j.dump(1) << "\n";

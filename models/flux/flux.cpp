@@ -380,12 +380,17 @@ at::Tensor FluxImpl::forward(const at::Tensor& x, const at::Tensor& t, const Con
   TORCH_CHECK(!video || x.size(2) % pt == 0, "Flux: ", x.size(2), " frames are not a multiple of patch_t ", pt);
   const at::Tensor& txt = cond.at("txt");
   const at::Tensor txt_ids = at::zeros({B, txt.size(1), 3}, x.options().dtype(at::kFloat));
-  const at::Tensor guidance = options.guidance_embed ? cond.at("guidance") : at::Tensor();
+  const at::Tensor guidance = options.guidance_embed ? guidance_input(cond, B, x.options()) : at::Tensor();
   const at::Tensor tokens = video ? pack_video_latents(x, pt, p) : pack_latents(x, p);
   at::Tensor out =
       forward_tokens(tokens, video_ids(B, gt, h, w, x.options()), txt, txt_ids, t, cond.at("vec"), guidance);
   return video ? unpack_video_latents(out, options.in_channels, pt, p, gt, h, w)
                : unpack_latents(out, options.in_channels, p, h, w);
+}
+
+at::Tensor FluxImpl::guidance_input(const Conditioning& cond, int64_t batch, const at::TensorOptions& o) const {
+  if (cond.has("guidance")) return cond.at("guidance");
+  return at::full({batch}, guidance, o.dtype(at::kFloat));
 }
 
 std::vector<int64_t> FluxImpl::sample_shape() const {
@@ -403,12 +408,13 @@ std::string FluxImpl::token_layout() const {
 }
 
 std::string FluxImpl::describe() const {
-  const std::string latents = options.is_video()
+  // The model's inputs: pixels, or latents when the run encodes through an autoencoder.
+  const std::string inputs = options.is_video()
                                   ? fmt::format("{}×{}×{}×{}", options.in_channels, options.frames, options.input_size,
                                                 options.input_size)
                                   : fmt::format("{}×{}×{}", options.in_channels, options.input_size, options.input_size);
-  return fmt::format("Flux {}+{} blocks hidden {} heads {} on {} latents ({} {} + {} text tokens)", options.depth,
-                     options.depth_single, options.hidden, options.heads, latents, options.image_tokens(),
+  return fmt::format("Flux {}+{} blocks hidden {} heads {} on {} inputs ({} {} + {} text tokens)", options.depth,
+                     options.depth_single, options.hidden, options.heads, inputs, options.image_tokens(),
                      options.is_video() ? "video" : "image", options.text_len);
 }
 

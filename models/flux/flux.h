@@ -177,7 +177,7 @@ struct FluxImpl : DiffusionModel {
   explicit FluxImpl(const FluxOptions& options, AttentionFn attention = default_attention());
 
   // x [B, C, H, W] latents (or clips [B, C, T, H, W]), t [B], cond {"txt" [B, L, context_dim],
-  // "vec" [B, vec_dim], "guidance" [B] when guidance_embed} -> velocity of x's shape.
+  // "vec" [B, vec_dim], "guidance" [B] optional} -> velocity of x's shape.
   at::Tensor forward(const at::Tensor& x, const at::Tensor& t, const Conditioning& cond) override;
   // The reference's forward on packed tokens: img [B, Li, C·p²], img_ids [B, Li, 3], txt [B, Lt,
   // context_dim], txt_ids [B, Lt, 3], timesteps [B], y [B, vec_dim], guidance [B] (or undefined)
@@ -205,8 +205,15 @@ struct FluxImpl : DiffusionModel {
   UnitPlan units() const override;  // stem: the embedders; double then single blocks; head: final_layer
   void set_attention(const AttentionFn& attention) override;
 
+  // guidance_embed: the g fed to guidance_in, [B] — the conditioning's "guidance" when it has one,
+  // else `guidance` for every row (a guidance-distilled model is fine-tuned and sampled at one g).
+  at::Tensor guidance_input(const Conditioning& cond, int64_t batch, const at::TensorOptions& options) const;
+
   FluxOptions options;
   double text_dropout = 0.1;
+  // FLUX.1-dev's distilled guidance when the conditioning carries none: 3.5, the default of
+  // diffusers' and kohya's FLUX.1-dev fine-tuning scripts (some trainers use 1.0).
+  double guidance = 3.5;
   Linear img_in{nullptr}, txt_in{nullptr};
   MlpEmbedder time_in{nullptr}, vector_in{nullptr}, guidance_in{nullptr};
   torch::nn::ModuleList double_blocks{nullptr}, single_blocks{nullptr};

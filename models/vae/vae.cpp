@@ -59,10 +59,10 @@ at::Tensor VaeModel::decode(const at::Tensor& z) {
   return unit_runner(1, [this](const Tensors& in) { return Tensors{decoder(in[0])}; }, {z})[0];
 }
 
-at::Tensor VaeModel::loss(const at::Tensor& x, at::Generator gen, double kl_weight) {
+at::Tensor VaeModel::loss(const at::Tensor& x, const at::Tensor& eps, double kl_weight) {
   const LatentMoments m = moments(x);
-  const at::Tensor eps = at::randn(m.mean.sizes(), gen, m.mean.options().device(at::kCPU)).to(m.mean.device());
-  const at::Tensor z = m.mean + at::exp(0.5 * m.logvar) * eps;
+  TORCH_CHECK(eps.sizes() == m.mean.sizes(), "VaeModel::loss: eps of shape ", eps.sizes(), ", latents ", m.mean.sizes());
+  const at::Tensor z = m.mean + at::exp(0.5 * m.logvar) * eps.to(m.mean.device(), m.mean.scalar_type());
   const at::Tensor reconstruction = decode(z);
   const at::Tensor squared = (reconstruction.to(at::kFloat) - x.to(at::kFloat)).pow(2).flatten(1).mean(1);
   const at::Tensor kl =

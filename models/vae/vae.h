@@ -31,8 +31,9 @@ class VaeModel : public DiffusionModel {
 
   LatentMoments moments(const at::Tensor& x);   // unit 0: x [B, C, H, W] in [-1, 1]
   at::Tensor decode(const at::Tensor& z);       // unit 1: an unscaled latent -> images
-  // Per-sample losses [B] of the formula above, ε drawn from `gen`.
-  at::Tensor loss(const at::Tensor& x, at::Generator gen, double kl_weight);
+  // Per-sample losses [B] of the formula above; `eps` is ε, [B, z, H/f, W/f] (the caller draws it,
+  // per sample, so a batch split over ranks draws the same).
+  at::Tensor loss(const at::Tensor& x, const at::Tensor& eps, double kl_weight);
   at::Tensor reconstruct(const at::Tensor& x);  // decoder(mean): no draw
 
   at::Tensor forward(const at::Tensor& x, const at::Tensor& t, const Conditioning& cond) override;

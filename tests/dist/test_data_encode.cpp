@@ -10,6 +10,7 @@
 #include "data/safetensors.h"
 #include "data/shards/buckets.h"
 #include "data/shards/byte_stream.h"
+#include "data/shards/shard_index.h"
 #include "data/shards/tar.h"
 #include "data/shards/webdataset.h"
 #include "frozen_fixture.h"
@@ -83,6 +84,7 @@ TEST(DataEncode, TwoRanksResumeAfterAKillWithNoShardLostOrDoubledAndTrainingRead
   EXPECT_NE(r.output.find("1 damaged skipped"), std::string::npos) << r.output;
   std::vector<std::string> expected;
   for (int s = 0; s < kShards; ++s) expected.push_back("in-" + std::to_string(s) + ".tar");
+  expected.push_back("index.json");  // written once every shard is in place
   ASSERT_EQ(tar_files(dir + "/reference"), expected);
 
   // Two ranks; each is killed mid-way through its second shard.
@@ -98,6 +100,7 @@ TEST(DataEncode, TwoRanksResumeAfterAKillWithNoShardLostOrDoubledAndTrainingRead
   EXPECT_TRUE(std::any_of(after_kill.begin(), after_kill.end(),
                           [](const std::string& n) { return n.find(".tmp") != std::string::npos; }))
       << "the kill should land mid-write";
+  EXPECT_FALSE(fs::exists(dir + "/encoded/index.json")) << "no index while shards are missing";
 
   r = run_flowtrain(launch);
   ASSERT_EQ(r.exit_code, 0) << r.output;
@@ -105,6 +108,10 @@ TEST(DataEncode, TwoRanksResumeAfterAKillWithNoShardLostOrDoubledAndTrainingRead
   ASSERT_EQ(tar_files(dir + "/encoded"), expected);  // and no temporary file left
   for (const std::string& name : expected)
     EXPECT_EQ(test::read_file(dir + "/encoded/" + name), test::read_file(dir + "/reference/" + name)) << name;
+  // The index counts what each shard holds: 5 samples a shard, 4 in the one with the damaged PNG.
+  const std::map<std::string, int64_t> counts = data::read_shard_index(dir + "/encoded/index.json");
+  EXPECT_EQ(counts, (std::map<std::string, int64_t>{
+                        {"in-0.tar", 5}, {"in-1.tar", 5}, {"in-2.tar", 4}, {"in-3.tar", 5}, {"in-4.tar", 5}}));
 
   // What a sample holds: the autoencoder's latent of its image fitted to the nearest bucket, T5's
   // embedding with its mask, CLIP's pooled vector, the caption and json; no image.
@@ -130,10 +137,11 @@ TEST(DataEncode, TwoRanksResumeAfterAKillWithNoShardLostOrDoubledAndTrainingRead
   EXPECT_EQ(txt.get("txt_mask").scalar_type(), at::kBool);
   EXPECT_EQ(data::SafetensorsReader(first->members.at("vec.safetensors"), "vec").get("vec").sizes(), (at::IntArrayRef{32}));
 
-  // The loader trains from the output unchanged.
+  // The loader trains from the output unchanged, its sample counts from the index.
   r = run_flowtrain("train -c " + config);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_EQ(test::read_metrics(dir + "/run").size(), 2u) << r.output;
+  EXPECT_EQ(r.output.find("have no index entry"), std::string::npos) << r.output;
 
   // Samples: the evaluation prompts through the frozen T5 and CLIP, the latents through the
   // autoencoder's decoder: a grid of 4 pixel images of 16×16 (8×8 latent cells, 2 pixels each)

@@ -264,13 +264,16 @@ TEST(ConfigCli, PrintsWhatTheConfigResolvesToAndRefusesABrokenPlan) {
   EXPECT_NE(r.output.find("'data.batch_size' (128) must be divisible by 48 data-parallel ranks"), std::string::npos)
       << r.output;
 
-  // The FLUX.1-schnell fine-tune a user starts from resolves for 8 and 64 GPUs (its weight files
-  // are not read here).
-  for (const char* world : {"8", "64"}) {
-    r = run_flowtrain("config -c " + source_path("configs/flux_schnell_finetune.yaml") + " --world " + world +
-                      " --ranks-per-node 8 --gpus 8");
-    ASSERT_EQ(r.exit_code, 0) << r.output;
-    EXPECT_NE(r.output.find("# model: 11891.179M parameters"), std::string::npos) << r.output;
-    EXPECT_NE(r.output.find("#   sharding  FSDP over the mesh, nccl collectives"), std::string::npos) << r.output;
-  }
+  // The FLUX.1 configs a user starts from resolve for 8 and 64 GPUs (their weight files are not
+  // read here): the schnell fine-tune and FLUX.1-dev (its guidance embedding: 10.2M more
+  // parameters than schnell, as the releases).
+  for (const auto& [file, parameters] : {std::pair<std::string, std::string>{"flux_schnell_finetune", "11891.179M"},
+                                         {"flux_dev", "11901.408M"}})
+    for (const char* world : {"8", "64"}) {
+      r = run_flowtrain("config -c " + source_path("configs/" + file + ".yaml") + " --world " + world +
+                        " --ranks-per-node 8 --gpus 8");
+      ASSERT_EQ(r.exit_code, 0) << file << "\n" << r.output;
+      EXPECT_NE(r.output.find("# model: " + parameters + " parameters"), std::string::npos) << r.output;
+      EXPECT_NE(r.output.find("#   sharding  FSDP over the mesh, nccl collectives"), std::string::npos) << r.output;
+    }
 }

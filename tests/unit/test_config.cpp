@@ -102,7 +102,7 @@ TEST(ConfigTest, AllKeysListsEverySettingInFileOrder) {
       "model.num_classes", "model.class_dropout", "model.learn_sigma",
       "model.depth_single", "model.context_dim", "model.vec_dim", "model.axes_dim", "model.theta", "model.text_len",
       "model.text_dropout", "model.text_encoder_layers", "model.text_encoder_heads", "model.vocab_size", "model.patch_t",
-      "model.ch_mult", "model.z_channels", "model.norm_groups", "model.kl_weight",
+      "model.guidance", "model.ch_mult", "model.z_channels", "model.norm_groups", "model.kl_weight",
       "flow.timesteps", "flow.logit_mean", "flow.logit_std", "flow.shift", "flow.resolution_shift",
       "data.source", "data.path", "data.batch_size", "data.workers", "data.prefetch", "data.shards",
       "data.shard_list", "data.shard_index", "data.streams", "data.image_member", "data.text_member", "data.buckets", "data.video.frames", "data.video.fps",
@@ -397,6 +397,7 @@ Config everything_changed(const std::string& arch = "dit") {
     flux.text_encoder_layers = 3;
     flux.text_encoder_heads = 2;
     flux.vocab_size = 512;
+    flux.guidance = 4.0;
   }
   c.flow = {models::TimestepDistribution::Uniform, -0.3, 0.7, 3.0, true};
   c.data = {DataSource::synthetic, "", 96, 0, 2, {"/d/a-{0..3}.tar", "pipe:cat /d/b.tar"}, "/d/list.txt", "/d/index.json",

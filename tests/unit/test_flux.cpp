@@ -73,6 +73,25 @@ TEST(Flux, ForwardEqualsTheReferenceImplementationsOutput) {
   EXPECT_LT(max_abs(v, unpack_latents(t.at("out"), 16, 2, h, w)), 1e-4);  // as above
 }
 
+TEST(Flux, AGuidanceDistilledModelTrainsAtTheConfiguredGuidanceWhenTheBatchCarriesNone) {
+  // FLUX.1-dev's guidance_in reads g; training batches carry no "guidance", so the model feeds
+  // its configured value to every row: the same output as a batch carrying that g, another output
+  // than a batch carrying another g (so the embedding is really used).
+  at::manual_seed(0);
+  Flux model(reference_options());
+  for (auto& p : model->parameters()) p.data().normal_(0, 0.05);  // no zero-initialised embedder or modulation
+  model->guidance = 2.5;
+  at::NoGradGuard no_grad;
+  const at::Tensor x = at::randn({3, 16, 8, 8}), t = at::rand({3});
+  Conditioning cond{{"txt", at::randn({3, 5, 32})}, {"vec", at::randn({3, 16})}};  // flux-tiny widths
+  const at::Tensor v = model->forward(x, t, cond);
+  Conditioning with = cond;
+  with.set("guidance", at::full({3}, 2.5));
+  EXPECT_TRUE(at::equal(v, model->forward(x, t, with)));
+  with.set("guidance", at::full({3}, 1.0));
+  EXPECT_GT(max_abs(v, model->forward(x, t, with)), 1e-3);
+}
+
 TEST(Flux, RopeRotatesInterleavedPairsByAxisFrequencies) {
   at::manual_seed(3);
   const std::vector<int64_t> axes = {4, 6, 6};

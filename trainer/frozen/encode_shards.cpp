@@ -3,6 +3,7 @@
 #include "data/data_error.h"
 #include "data/safetensors.h"
 #include "data/shards/buckets.h"
+#include "data/shards/shard_index.h"
 #include "data/shards/byte_stream.h"
 #include "data/shards/sample_decoder.h"
 #include "data/shards/shard_list.h"
@@ -148,6 +149,21 @@ class ShardEncoder {
   data::SampleSpec spec_;
 };
 
+// When every input's output shard is in place, writes OUT/index.json (each shard's sample count,
+// read from its tar headers), so a run training from the output counts nothing. Each rank calls
+// this after its own last rename, so the rank that finishes last always finds them all.
+void write_index_when_complete(const std::vector<std::string>& inputs, const std::string& out_dir) {
+  std::vector<data::ShardIndexEntry> entries;
+  for (const std::string& entry : inputs) {
+    const fs::path out = fs::path(out_dir) / data::shard_basename(entry);
+    if (!fs::exists(out)) return;  // another rank's shards are still being written
+    entries.push_back({out.filename().string(), data::count_samples(out.string()),
+                       static_cast<uint64_t>(fs::file_size(out))});
+  }
+  data::write_shard_index(out_dir, entries);
+  spdlog::info("data encode: all {} shards are in place; wrote {}/index.json", entries.size(), out_dir);
+}
+
 }  // namespace
 
 EncodeReport encode_shards(const Config& config, const EncodeOptions& options, int64_t rank, int64_t world) {
@@ -198,6 +214,7 @@ EncodeReport encode_shards(const Config& config, const EncodeOptions& options, i
                  world, name, i + 1, mine.size(), report.samples, report.samples / std::max(seconds, 1e-9),
                  per_shard * static_cast<double>(mine.size() - i - 1));
   }
+  write_index_when_complete(inputs, options.out_dir);
   return report;
 }
 

@@ -11,7 +11,9 @@
 //
 // Ranks (`flowtrain launch`, srun, …; no collective) take every world-th input shard. Each output
 // shard has its input's name and is written to NAME.tmp, then renamed: a rerun after a kill skips
-// the finished ones and redoes the rest, so no shard is lost or doubled. A damaged sample (no
+// the finished ones and redoes the rest, so no shard is lost or doubled. Once every output shard
+// is in place, the rank that finished last writes OUT/index.json (sample counts, as `flowtrain
+// data pack` writes), which the loader reads instead of counting. A damaged sample (no
 // image, an image that does not decode, no caption when captions are encoded) is skipped, logged
 // and counted, as the loader would.
 #pragma once

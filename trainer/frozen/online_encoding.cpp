@@ -5,7 +5,13 @@
 #include "trainer/frozen/frozen_models.h"
 #include "trainer/frozen/frozen_sampling.h"
 
+#include "data/loader.h"
+
 #include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <spdlog/spdlog.h>
+
+#include <chrono>
 
 #include <filesystem>
 
@@ -30,6 +36,12 @@ bool reads_text_embeddings(const ModelConfig& model) {
 bool encodes_images_online(const Config& c) {
   return !c.model.autoencoder.empty() && c.data.image_member == ImageMember::image;
 }
+
+bool encodes_images_in_step(const Config& c) {
+  return encodes_images_online(c) && (c.data.source == DataSource::shards || c.data.source == DataSource::synthetic);
+}
+
+bool encodes_dataset_once(const Config& c) { return encodes_images_online(c) && !encodes_images_in_step(c); }
 
 bool encodes_text_online(const Config& c) { return c.data.text_member == TextMember::caption; }
 
@@ -87,8 +99,40 @@ std::function<std::map<std::string, at::Tensor>(const std::vector<std::string>&)
   };
 }
 
+std::shared_ptr<const data::ImageDataset> encode_dataset_once(const Config& c,
+                                                              std::shared_ptr<const data::ImageDataset> dataset,
+                                                              const c10::Device& device) {
+  ModelConfig files = c.model;  // the autoencoder alone
+  files.t5_encoder.clear(), files.t5_tokenizer.clear(), files.clip_encoder.clear(), files.clip_tokenizer.clear();
+  FrozenEncoders& encoders = shared_frozen_encoders(files, device);
+  const auto t0 = std::chrono::steady_clock::now();
+  const int64_t n = dataset->size();
+  constexpr int64_t kBatch = 128;  // images per encoder call: a few hundred MB of activations at 56² on the CPU
+  std::vector<at::Tensor> latents;
+  auto last_report = t0;
+  for (int64_t from = 0; from < n; from += kBatch) {
+    const at::Tensor pixels =
+        data::model_input_images(dataset->images.narrow(0, from, std::min(kBatch, n - from)), data_input(c).image_size);
+    latents.push_back(encoders.encode_images(pixels).cpu());
+    const auto now = std::chrono::steady_clock::now();
+    const double elapsed = std::chrono::duration<double>(now - t0).count();
+    if (std::chrono::duration<double>(now - last_report).count() >= 10.0 && from + kBatch < n) {
+      const double done = static_cast<double>(from + kBatch) / static_cast<double>(n);
+      spdlog::info("data: encoding the training images through {}: {:.0f}%, ETA {:.0f} s", c.model.autoencoder,
+                   100.0 * done, elapsed / done - elapsed);
+      last_report = now;
+    }
+  }
+  auto encoded = std::make_shared<data::ImageDataset>(*dataset);
+  encoded->images = at::cat(latents);
+  spdlog::info("data: encoded the {} training images once through {} to latents [{}] in {:.1f} s", n,
+               c.model.autoencoder, fmt::join(encoded->images.sizes().slice(1), ", "),
+               std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  return encoded;
+}
+
 std::unique_ptr<OnlineEncoder> OnlineEncoder::for_run(const Config& c, const c10::Device& device) {
-  const bool images = encodes_images_online(c), text = encodes_text_online(c);
+  const bool images = encodes_images_in_step(c), text = encodes_text_online(c);
   if (!images && !text) return nullptr;
   ModelConfig files = c.model;  // only what the step runs is loaded
   if (!images) files.autoencoder.clear();

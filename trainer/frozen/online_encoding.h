@@ -4,6 +4,10 @@
 //            autoencoder to scaled latents. The model works in latent cells (model.image_size,
 //            model.in_channels = the autoencoder's z_channels, data.buckets in cells); the loader
 //            reads images of image_size × f pixels (f: the autoencoder's downsampling).
+//            A data set held in memory (data.source fashion_mnist, compositions) is encoded once
+//            when the run starts instead: its images never change, so once per image rather than
+//            once per image and epoch, and the step runs no frozen model for them. Streamed shards
+//            and the synthetic set (a benchmark's stand-in for a stream) are encoded in the step.
 //   text     data.text_member `caption` on a model that reads text embeddings: the data workers
 //            tokenize each caption for T5 and CLIP ("t5_ids", "t5_mask", "clip_ids"), and the step
 //            runs the encoders on the ids to FLUX's "txt", "txt_mask", "vec".
@@ -14,6 +18,7 @@
 #pragma once
 
 #include "data/batch_source.h"
+#include "data/image_dataset.h"
 #include "trainer/config/config.h"
 
 #include <ATen/ATen.h>
@@ -27,7 +32,11 @@ namespace flowtrain::trainer {
 
 class FrozenEncoders;
 
+// Pixels in the data, latents for the model (model.autoencoder with data.image_member image):
+// encoded either in the step or once at the start (the two below).
 bool encodes_images_online(const Config& config);
+bool encodes_images_in_step(const Config& config);
+bool encodes_dataset_once(const Config& config);
 bool encodes_text_online(const Config& config);
 
 // What the data loader reads for the model's input: channels and side in pixels (the model's own
@@ -49,6 +58,13 @@ void check_frozen_inputs(const Config& config);
 // rows). The tokenizers are loaded once and shared by the returned function (thread-safe).
 std::function<std::map<std::string, at::Tensor>(const std::vector<std::string>& captions)> frozen_caption_tokens(
     const Config& config);
+
+// The in-memory set with its images through the autoencoder (the mean, scaled: what the step
+// would compute), in fixed batches on `device`, with progress lines; its other fields as they
+// are. Every rank encodes the whole set the same way, so all hold the same latents.
+std::shared_ptr<const data::ImageDataset> encode_dataset_once(const Config& config,
+                                                              std::shared_ptr<const data::ImageDataset> dataset,
+                                                              const c10::Device& device);
 
 class OnlineEncoder {
  public:

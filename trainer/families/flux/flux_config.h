@@ -19,6 +19,7 @@ struct FluxConfig {
   int64_t text_encoder_heads = 4;   // built-in text encoder heads
   int64_t vocab_size = 256;         // built-in text encoder token ids
   int64_t patch_t = 1;              // video (model.frames > 1): frames per token; must divide frames
+  double guidance = 3.5;            // flux-dev (guidance embedding): g in training and sampling
 };
 
 }  // namespace flowtrain::trainer::families

@@ -44,6 +44,8 @@ std::vector<Key<ModelConfig>> flux_config_keys() {
       .add("vocab_size", &FluxConfig::vocab_size, at_least(4),
            "token ids of the built-in text encoder (>= the data set tokenizer's pieces)")
       .add("patch_t", &FluxConfig::patch_t, at_least(1), "video: frames per token; must divide frames")
+      .add("guidance", &FluxConfig::guidance, at_least(0),
+           "a guidance-distilled model (flux-dev): the guidance value g it is trained and sampled at")
       .keys;
 }
 
@@ -111,6 +113,7 @@ void validate_flux(const ModelConfig& model) {
 std::shared_ptr<models::DiffusionModel> build_flux(const ModelConfig& model) {
   auto flux = std::make_shared<models::FluxImpl>(flux_options(model));
   flux->text_dropout = flux_keys(model).text_dropout;
+  flux->guidance = flux_keys(model).guidance;
   if (!has_builtin_text_encoder(model)) return flux;  // conditioned on precomputed embeddings
   // The built-in text path: the encoder (built after the transformer, from the same generator) feeds it.
   models::TextEncoder encoder(text_encoder_options(model));
@@ -193,7 +196,7 @@ void dump_flux_inputs(const std::string& path, models::DiffusionModel& model, co
                                {"txt_ids", at::zeros({B, txt.size(1), 3}, txt.options().dtype(at::kFloat))},
                                {"y", inner.at("vec").contiguous()},
                                {"timesteps", t0.expand({B}).to(at::kFloat).contiguous()}};
-  if (o.guidance_embed) inputs.emplace_back("guidance", inner.at("guidance").contiguous());
+  if (o.guidance_embed) inputs.emplace_back("guidance", flux->guidance_input(inner, B, noise.options()).contiguous());
   for (auto& [name, t] : inputs) t = t.to(at::kCPU, at::kFloat);  // the reference's dtype, whatever autocast made
   data::write_safetensors(path, inputs, {{"cfg_scale", std::to_string(so.cfg_scale)}, {"steps", std::to_string(so.steps)}});
   spdlog::info("wrote the first sampling step's inputs to {}", path);

@@ -88,9 +88,16 @@ void validate_autoencoder(const ModelConfig& m) {
 
 models::VaeModel& vae(models::DiffusionModel& model) { return dynamic_cast<models::VaeModel&>(model); }
 
-at::Tensor vae_loss(models::DiffusionModel& model, const ModelConfig& m, const at::Tensor& x0, uint64_t seed) {
-  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(seed);
-  return vae(model).loss(x0, gen, m.family<VaeConfig>().kl_weight);
+at::Tensor vae_loss(models::DiffusionModel& model, const ModelConfig& m, const at::Tensor& x0,
+                    const std::function<uint64_t(int64_t)>& row_seed) {
+  models::VaeModel& v = vae(model);
+  const int64_t f = v.options.downscale();
+  std::vector<at::Tensor> eps;  // each row's ε from its own seed, on the CPU
+  for (int64_t row = 0; row < x0.size(0); ++row) {
+    at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(row_seed(row));
+    eps.push_back(at::randn({v.options.z_channels, x0.size(2) / f, x0.size(3) / f}, gen));
+  }
+  return v.loss(x0, at::stack(eps), m.family<VaeConfig>().kl_weight);
 }
 
 // The latents' scale and shift for the exported file: FLUX encodes z = scale · (mean − shift), and
