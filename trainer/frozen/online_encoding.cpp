@@ -108,11 +108,12 @@ std::shared_ptr<const data::ImageDataset> encode_dataset_once(const Config& c,
   const auto t0 = std::chrono::steady_clock::now();
   const int64_t n = dataset->size();
   constexpr int64_t kBatch = 128;  // images per encoder call: a few hundred MB of activations at 56² on the CPU
+  const int64_t side = data_input(c).image_size;  // reads the autoencoder file's header: once
   std::vector<at::Tensor> latents;
   auto last_report = t0;
   for (int64_t from = 0; from < n; from += kBatch) {
     const at::Tensor pixels =
-        data::model_input_images(dataset->images.narrow(0, from, std::min(kBatch, n - from)), data_input(c).image_size);
+        data::model_input_images(dataset->images.narrow(0, from, std::min(kBatch, n - from)), side);
     latents.push_back(encoders.encode_images(pixels).cpu());
     const auto now = std::chrono::steady_clock::now();
     const double elapsed = std::chrono::duration<double>(now - t0).count();
