@@ -26,6 +26,10 @@ at::Tensor default_attention_kernel(const at::Tensor& q, const at::Tensor& k, co
 using AttentionKernelPtr = at::Tensor (*)(const at::Tensor&, const at::Tensor&, const at::Tensor&);
 }  // namespace
 
+AttentionSaves default_attention_saves(bool cpu_fp32, int64_t tokens) {
+  return cpu_fp32 && tokens <= kMathAttentionMaxTokens ? AttentionSaves::Probabilities : AttentionSaves::LogSumExp;
+}
+
 AttentionFn default_attention() { return AttentionFn(&default_attention_kernel); }
 
 bool is_default_attention(const AttentionFn& fn) {

@@ -5,6 +5,7 @@
 // timm's Attention/Mlp/PatchEmbed), so their weights load and our exports load into their code.
 #pragma once
 
+#include "models/footprint.h"
 #include "models/linear.h"
 #include "models/model.h"
 
@@ -29,6 +30,10 @@ namespace flowtrain::models {
 AttentionFn default_attention();
 bool is_default_attention(const AttentionFn& fn);
 constexpr int64_t kMathAttentionMaxTokens = 128;
+// What the default attention keeps for backward over `tokens` tokens (models/footprint.h): the
+// probabilities on the math path (fp32 CPU tensors, tokens ≤ kMathAttentionMaxTokens), else SDPA's
+// output and log-sum-exp.
+AttentionSaves default_attention_saves(bool cpu_fp32, int64_t tokens);
 // softmax((q/√Dh)·kᵀ)·v with explicit GEMMs (keeps the [B, H, N, N] probabilities for backward).
 at::Tensor math_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v);
 

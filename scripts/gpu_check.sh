@@ -128,7 +128,11 @@ try:
     r = json.load(open(sys.argv[1]))
     print(f"{r['step_time_median_s'] * 1e3:.1f} ms/step, {r['samples_per_s']:.0f} samples/s, "
           f"{r['achieved_tflops']:.0f} TFLOP/s = MFU {100 * r['mfu']:.1f}% of {r['peak_tflops']:.0f} ({r['peak_source']}), "
-          f"peak {r['peak_memory_bytes'] / 2**30:.2f} GiB allocated")
+          f"peak {r['peak_memory_bytes'] / 2**30:.2f} GiB allocated"
+          # the config-only estimate (trainer/memory_estimate.h) beside it: bf16 is unchecked until this runs
+          + (f" (estimated {r['estimated_peak_bytes'] / 2**30:.2f} GiB, "
+             f"{100 * (r['estimated_peak_bytes'] / r['peak_memory_bytes'] - 1):+.0f}%)"
+             if r.get('estimated_peak_bytes') else ""))
 except Exception as e:
     print(f"no report ({e})")
 PY

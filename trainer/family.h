@@ -10,6 +10,7 @@
 #pragma once
 
 #include "models/conditioning.h"
+#include "models/footprint.h"
 #include "models/flow_matching.h"
 #include "models/model.h"
 #include "trainer/config/config.h"
@@ -71,6 +72,11 @@ struct FamilySpec {
   // identical weights on every rank).
   std::function<std::shared_ptr<models::DiffusionModel>(const ModelConfig&)> build;
   std::function<ModelCost(const ModelConfig&)> cost;
+  // Each FSDP unit's parameters and what its training forward keeps per sample, in execution
+  // order (stem, blocks, head), for the memory estimate (trainer/memory_estimate.h); `cpu_fp32`:
+  // the run computes in fp32 on the CPU, where the attention kernels keep other tensors
+  // (models/footprint.h). Empty function: no memory estimate for this family.
+  std::function<std::vector<models::UnitFootprint>(const ModelConfig&, bool cpu_fp32)> footprint;
   // The visual tokens of one sample at model.image_size (Flux's resolution shift counts them).
   std::function<int64_t(const ModelConfig&)> image_tokens;
 

@@ -1,5 +1,7 @@
 #include "models/dit/dit.h"
 
+#include "models/kernels/cpu_fused.h"
+
 #include <torch/nn/init.h>
 #include <torch/nn/modules/activation.h>
 
@@ -207,6 +209,51 @@ double dit_forward_flops_per_sample(const DiTOptions& o) {
   flops += T * 2.0 * D * (o.patch * o.patch * o.out_channels()) + 2.0 * D * 2 * D;  // final layer
   flops += 2.0 * (256 * D + D * D);                                             // timestep MLP
   return flops;
+}
+
+std::vector<UnitFootprint> dit_unit_footprints(const DiTOptions& o, bool cpu_fp32) {
+  const int64_t D = o.hidden, M = o.mlp_hidden(), H = o.heads, C = o.in_channels, p = o.patch;
+  const double T = double(o.num_tokens());
+  auto linear = [](int64_t in, int64_t out) { return in * out + out; };
+  // What the attention keeps besides the modulated input and qkv: the fused CPU kernel (short
+  // fp32 sequences) the probabilities and its [T, D] output (proj's input); the math path the
+  // probabilities, the scaled q and the [T, D] copy of its output; SDPA its output, the
+  // log-sum-exp and the copy.
+  const bool fused = cpu_fp32 && o.num_tokens() <= cpu_fused::kQkvAttentionMaxTokens;
+  const bool math = default_attention_saves(cpu_fp32, o.num_tokens()) == AttentionSaves::Probabilities;
+  const double kept_by_attention = fused ? H * T * T + T * D : math ? H * T * T + 2 * T * D : 2 * T * D + H * T;
+  std::vector<UnitFootprint> units;
+
+  // Stem: the patch embedding keeps the input image, the timestep MLP its 256 features and SiLU.
+  UnitFootprint stem{"stem"};
+  stem.parameters = (C * p * p * D + D) + linear(256, D) + linear(D, D) + (o.num_classes + 1) * D;
+  stem.fixed = o.num_tokens() * D;  // pos_embed
+  stem.saved = double(C) * o.input_size * o.input_size + 256 + 2 * D;
+  units.push_back(stem);
+
+  // A block, per token: its input (kept by the first LayerNorm); in the attention sublayer the
+  // modulated input (1), qkv (3) and what the kernel keeps; proj's output kept by the gated
+  // residual (1); the residual stream (1); in the MLP sublayer the modulated input (1), the
+  // GELU's input and output (2·M/D); fc2's output kept by its gated residual (1). Per sample:
+  // the 6 modulation chunks and SiLU(c).
+  for (int64_t i = 0; i < o.depth; ++i) {
+    UnitFootprint b{fmt::format("blocks.{}", i)};
+    b.parameters = linear(D, 6 * D) + linear(D, 3 * D) + linear(D, D) + linear(D, M) + linear(M, D);
+    b.input = T * D + D;
+    b.attention = T * (4 * D) + kept_by_attention;
+    b.mlp = T * (D + 2 * M);
+    b.saved = b.input + b.attention + b.mlp + T * (3 * D) + 7 * D;
+    b.backward_working = T * (3 * D + M) + (fused || math ? 2 * H * T * T : 0);
+    units.push_back(b);
+  }
+
+  // Head: the final layer's input and modulated input, its output; the objective keeps the
+  // prediction, target and their difference.
+  UnitFootprint head{"head"};
+  head.parameters = linear(D, 2 * D) + linear(D, p * p * o.out_channels());
+  head.saved = 2 * T * D + T * p * p * o.out_channels() + 3.0 * C * o.input_size * o.input_size + 3 * D;
+  units.push_back(head);
+  return units;
 }
 
 }  // namespace flowtrain::models

@@ -108,5 +108,9 @@ TORCH_MODULE(DiT);
 // attention 4·T·D per token per block (q·kᵀ and p·v), adaLN per sample. See docs/design/models.md, "FLOPs".
 double dit_forward_flops_per_sample(const DiTOptions& o);
 inline double dit_train_flops_per_sample(const DiTOptions& o) { return 3.0 * dit_forward_flops_per_sample(o); }
+// Each FSDP unit's parameters and what its training forward keeps (models/footprint.h), in the
+// order of units(): stem, blocks, head. `cpu_fp32`: the run computes fp32 on the CPU, where
+// short sequences take the fused qkv attention or the math path (both keep the probabilities).
+std::vector<UnitFootprint> dit_unit_footprints(const DiTOptions& o, bool cpu_fp32);
 
 }  // namespace flowtrain::models

@@ -59,16 +59,77 @@ FluxOptions flux_size(const std::string& name, FluxOptions base) {
   throw std::invalid_argument("unknown Flux size '" + name + "' (expected flux-dev|flux-schnell|flux-small|flux-tiny)");
 }
 
-int64_t flux_parameter_count(const FluxOptions& o) {
-  const int64_t D = o.hidden, M = o.mlp_hidden(), Dh = o.head_dim();
+std::vector<UnitFootprint> flux_unit_footprints(const FluxOptions& o, AttentionSaves attention) {
+  const int64_t D = o.hidden, M = o.mlp_hidden(), Dh = o.head_dim(), H = o.heads;
+  const double Li = double(o.image_tokens()), Lt = double(o.text_len), T = Li + Lt;
+  // What one attention call keeps beyond q, k, v: the [H, T, T] probabilities and the scaled q
+  // that multiplied them (math path), or the output and the [H, T] log-sum-exp (SDPA).
+  const bool math = attention == AttentionSaves::Probabilities;
+  const double kept_by_attention = math ? H * T * T + T * D : T * D + H * T;
+  const double score_gradients = math ? 2 * H * T * T : 0;  // ∂P and ∂S of the math path's backward
+  std::vector<UnitFootprint> units;
+
+  // Stem: the embedders. Linears keep their inputs: the packed tokens, the text embeddings, the
+  // 256 timestep features (twice with guidance) and the pooled vector; the RoPE angles
+  // [T, Dh/2, 2] (fp32) are computed once and kept by every block's rotation.
   const int64_t embed = linear_params(256, D) + linear_params(D, D);  // an MLPEmbedder from 256 features
-  int64_t n = linear_params(o.token_dim(), D) + embed + linear_params(o.vec_dim, D) + linear_params(D, D) +
-              linear_params(o.context_dim, D) + (o.guidance_embed ? embed : 0);
+  UnitFootprint stem{"stem"};
+  stem.parameters = linear_params(o.token_dim(), D) + embed + linear_params(o.vec_dim, D) + linear_params(D, D) +
+                    linear_params(o.context_dim, D) + (o.guidance_embed ? embed : 0);
+  stem.saved = Li * o.token_dim() + Lt * o.context_dim + T * Dh + (o.guidance_embed ? 2 : 1) * (256 + D) +
+               o.vec_dim + D;
+  units.push_back(stem);
+
+  // A double-stream block, per token of the joint sequence: its input (kept by the first
+  // LayerNorm), then in the attention sublayer the modulated input (1), qkv (3), the RMS-normed
+  // q and k (2), the joint q, k, v concatenated over [txt, img] (3), the rotated q and k (2),
+  // what the attention kernel keeps, the [T, D] copy of its output that proj reads (1); the proj
+  // output kept by the gated residual (1); the residual stream (1, the second LayerNorm's input),
+  // in the MLP sublayer the modulated input (1), the GELU's input and output (2·M/D); the MLP
+  // output kept by its gated residual (1). Per sample: 2 × 6 modulation chunks and SiLU(vec).
   const int64_t stream = linear_params(D, 6 * D) + linear_params(D, 3 * D, o.qkv_bias) + 2 * Dh +
                          linear_params(D, D) + linear_params(D, M) + linear_params(M, D);
+  for (int64_t i = 0; i < o.depth; ++i) {
+    UnitFootprint b{fmt::format("double_blocks.{}", i)};
+    b.parameters = 2 * stream;
+    b.input = T * D + D;
+    b.attention = T * (12 * D) + kept_by_attention;
+    b.mlp = T * (D + 2 * M);
+    b.saved = b.input + b.attention + b.mlp + T * (3 * D) + 14 * D;
+    b.backward_working = T * (2 * D + M) + score_gradients;
+    units.push_back(b);
+  }
+
+  // A single-stream block on the joint sequence: its input (1), the modulated input (1), linear1's
+  // output qkv ‖ mlp (3 + M/D, kept whole: q, k, v and the GELU's input are views of it), the
+  // RMS-normed and rotated q and k (4), what the attention kernel keeps, linear2's input
+  // cat(attention, GELU) (1 + M/D), its output kept by the gated residual (1). Per sample: the 3
+  // modulation chunks and SiLU(vec).
   const int64_t single = linear_params(D, 3 * D + M) + linear_params(D + M, D) + 2 * Dh + linear_params(D, 3 * D);
-  n += o.depth * 2 * stream + o.depth_single * single;
-  n += linear_params(D, o.token_dim()) + linear_params(D, 2 * D);
+  for (int64_t j = 0; j < o.depth_single; ++j) {
+    UnitFootprint b{fmt::format("single_blocks.{}", j)};
+    b.parameters = single;
+    b.input = T * D + D;
+    b.attention = T * (4 * D) + kept_by_attention;
+    b.mlp = T * (D + M);
+    b.saved = b.input + T * (D + 3 * D + M + D) + b.attention + b.mlp + 4 * D;
+    b.backward_working = T * (2 * D + 3 * D + M) + score_gradients;
+    units.push_back(b);
+  }
+
+  // Head: the final layer reads the image tokens of the last block's output (a view: the whole
+  // [T, D] stays), its modulated input; the objective keeps the prediction, target and their
+  // difference (3 token_dim a token).
+  UnitFootprint head{"head"};
+  head.parameters = linear_params(D, o.token_dim()) + linear_params(D, 2 * D);
+  head.saved = T * D + Li * D + 3 * Li * o.token_dim() + 3 * D;
+  units.push_back(head);
+  return units;
+}
+
+int64_t flux_parameter_count(const FluxOptions& o) {
+  int64_t n = 0;
+  for (const auto& u : flux_unit_footprints(o, AttentionSaves::LogSumExp)) n += u.parameters;
   return n;
 }
 

@@ -67,6 +67,10 @@ std::vector<std::string> flux_size_names();
 
 // From the layer shapes, without building the model (flux-dev has 11.9B parameters).
 int64_t flux_parameter_count(const FluxOptions& o);
+// Each FSDP unit's parameters and what its training forward keeps (models/footprint.h), in the
+// order of units(): stem, double blocks, single blocks, head. `attention`: what the blocks'
+// attention kernel keeps (default_attention_saves for the joint sequence).
+std::vector<UnitFootprint> flux_unit_footprints(const FluxOptions& o, AttentionSaves attention);
 // Forward FLOPs per sample: linears 2·in·out per token of their stream, attention 4·T·D per token
 // per block over the joint sequence (T = image + text tokens), modulations once per sample.
 double flux_forward_flops_per_sample(const FluxOptions& o);

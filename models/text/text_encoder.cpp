@@ -69,4 +69,9 @@ double text_encoder_forward_flops_per_sample(const TextEncoderOptions& o) {
   return o.depth * layer + 2.0 * W * o.pooled_dim;
 }
 
+double text_encoder_saved_per_sample(const TextEncoderOptions& o) {
+  const double W = double(o.width), M = W * o.mlp_ratio, L = double(o.length);
+  return o.depth * (L * (9 * W + 2 * M) + o.heads * L) + L * 2 * W + W;
+}
+
 }  // namespace flowtrain::models

@@ -59,5 +59,10 @@ TORCH_MODULE(TextEncoder);
 
 int64_t text_encoder_parameter_count(const TextEncoderOptions& o);
 double text_encoder_forward_flops_per_sample(const TextEncoderOptions& o);
+// Elements its training forward keeps for backward per sample (models/footprint.h): per layer
+// and token the input and the first LayerNorm's output (2), qkv (3), SDPA's output and its
+// [L, W] copy (2), the residual stream and the second LayerNorm's output (2), the GELU's input
+// and output (2·M/W); then the final norm's input and output.
+double text_encoder_saved_per_sample(const TextEncoderOptions& o);
 
 }  // namespace flowtrain::models

@@ -275,5 +275,9 @@ TEST(ConfigCli, PrintsWhatTheConfigResolvesToAndRefusesABrokenPlan) {
       ASSERT_EQ(r.exit_code, 0) << file << "\n" << r.output;
       EXPECT_NE(r.output.find("# model: " + parameters + " parameters"), std::string::npos) << r.output;
       EXPECT_NE(r.output.find("#   sharding  FSDP over the mesh, nccl collectives"), std::string::npos) << r.output;
+      // The per-rank memory estimate from the FSDP plan (checked against measured peaks in
+      // tests/dist/test_memory_estimate.cpp); the frozen encoders' files are not here.
+      EXPECT_NE(r.output.find("#   memory    "), std::string::npos) << r.output;
+      EXPECT_NE(r.output.find("frozen encoders not counted: their files are not here"), std::string::npos) << r.output;
     }
 }

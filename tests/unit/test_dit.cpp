@@ -267,6 +267,10 @@ TEST(DiTNames, XL2HasReferenceParameterCount) {
   o.learn_sigma = true;
   DiT model(o);
   EXPECT_EQ(count_parameters(*model), 675129632);
+  // The memory estimate's per-unit counts add up to the same (pos_embed as the stem's fixed part).
+  int64_t units = 0;
+  for (const auto& u : dit_unit_footprints(o, /*cpu_fp32=*/false)) units += u.parameters + u.fixed;
+  EXPECT_EQ(units, 675129632);
   // FLOPs: the paper's 118.6 GMACs are 237 GFLOP forward, 712 per training image (±0.5%;
   // docs/design/models.md, "FLOPs").
   EXPECT_NEAR(dit_forward_flops_per_sample(o) / 1e9, 237.0, 1.2);

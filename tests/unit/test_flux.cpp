@@ -229,6 +229,27 @@ TEST(Flux, ParameterCountsOfFluxDevAndSchnellEqualTheReferences) {
   EXPECT_EQ(flux_parameter_count(reference_options()), count_parameters(*Flux(reference_options())));
 }
 
+TEST(Flux, EachUnitFootprintCountsTheParametersOfItsFsdpUnit) {
+  // The memory estimate shards by unit: each footprint's count is the module's own parameters
+  // under that unit's prefixes (models::UnitPlan), in the plan's order.
+  FluxOptions o = reference_options();
+  o.guidance_embed = true;
+  Flux model(o);
+  const UnitPlan plan = model->units();
+  std::vector<std::vector<std::string>> prefixes = {plan.stem};
+  for (const auto& b : plan.blocks) prefixes.push_back({b});
+  prefixes.push_back(plan.head);
+  const auto footprints = flux_unit_footprints(o, AttentionSaves::LogSumExp);
+  ASSERT_EQ(footprints.size(), prefixes.size());
+  for (size_t u = 0; u < prefixes.size(); ++u) {
+    int64_t n = 0;
+    for (const auto& item : model->named_parameters())
+      for (const auto& prefix : prefixes[u])
+        if (item.key().rfind(prefix + ".", 0) == 0) n += item.value().numel();
+    EXPECT_EQ(footprints[u].parameters, n) << footprints[u].name;
+  }
+}
+
 TEST(Flux, TextDropoutZeroesEachTextInputIndependently) {
   Flux model(reference_options());
   const ConditioningDropout d = model->conditioning_dropout();

@@ -8,6 +8,7 @@
 #include "trainer/config/resolve.h"
 #include "trainer/family.h"
 #include "trainer/frozen/frozen_models.h"
+#include "trainer/memory_estimate.h"
 #include "trainer/trainer.h"
 
 #include <spdlog/sinks/stdout_color_sinks.h>
@@ -50,6 +51,8 @@ int cmd_config(const ConfigArgs& args, const PlannedEnvironment& planned) {
               static_cast<long>(cost.tokens_per_sample));
   std::printf("# for %s:\n", env.describe().c_str());
   for (const auto& [key, value] : resolved.lines(c)) std::printf("#   %-9s %s\n", key.c_str(), value.c_str());
+  for (const auto& [key, value] : trainer::estimate_memory(c, resolved).lines())
+    std::printf("#   %-9s %s\n", key.c_str(), value.c_str());
   std::printf("%s\n", trainer::to_yaml(c).c_str());
   return 0;
 }

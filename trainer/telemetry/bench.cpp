@@ -11,6 +11,8 @@
 #include "parallel/env.h"
 #include "trainer/builders.h"
 #include "trainer/family.h"
+#include "trainer/memory_estimate.h"
+#include "trainer/config/resolve.h"
 #include "trainer/telemetry/memory_stats.h"
 #include "trainer/trainer.h"
 
@@ -212,6 +214,9 @@ BenchReport run_benchmark(Config config, const BenchOptions& o) {
   r.allocated_kind = peaks.allocated_kind;
   r.peak_memory_bytes = device.is_cuda() ? peaks.allocated_bytes : peaks.rss_bytes;
   r.memory_kind = device.is_cuda() ? "cuda peak allocated" : "cpu peak RSS";
+  const MemoryEstimate estimate =
+      estimate_memory(config, resolve(config, this_environment(parallel::resolve_dist_env_from_process())));
+  if (estimate.available) r.estimated_peak_bytes = estimate.peak;
   if (r.world > 1) {
     r.peak_memory_bytes_per_rank = trainer.gather_from_ranks(r.peak_memory_bytes);
     r.peak_allocated_bytes_per_rank = trainer.gather_from_ranks(r.peak_allocated_bytes);
@@ -262,6 +267,7 @@ std::string BenchReport::to_json() const {
                       {"peak_rss_bytes", peak_rss_bytes},
                       {"peak_allocated_bytes", peak_allocated_bytes},
                       {"allocated_kind", allocated_kind},
+                      {"estimated_peak_bytes", estimated_peak_bytes},
                       {"first_loss", first_loss}};
   if (!peak_memory_bytes_per_rank.empty()) {
     j["peak_memory_bytes_per_rank"] = peak_memory_bytes_per_rank;
@@ -310,11 +316,15 @@ std::string BenchReport::table_lines() const {
       "device {} ({}, {} threads) | batch {} × {} tokens | {:.2f}M params, {:.3f} GFLOP/sample\n"
       "step time median {:.4f} s (p10 {:.4f}, p90 {:.4f}, min {:.4f}, max {:.4f}) over {} steps after {} warm-up\n"
       "{:.1f} samples/s | {:.0f} tokens/s | {:.3f} TFLOP/s achieved | peak {:.3f} TFLOP/s ({}) | MFU {:.1f}%\n"
-      "{} {:.1f} MiB{} | {} peak {:.1f} MiB | data wait median {:.4f} s{} | first-step loss {:.6f}",
+      "{} {:.1f} MiB{} | {} peak {:.1f} MiB{} | data wait median {:.4f} s{} | first-step loss {:.6f}",
       device, precision, threads, batch, tokens_per_sample, params_m, train_gflop_per_sample, step_time_median_s,
       step_time_p10_s, step_time_p90_s, step_time_min_s, step_time_max_s, steps, warmup, samples_per_s, tokens_per_s,
       achieved_tflops, peak_tflops, peak_source, 100 * mfu, memory_kind, peak_memory_bytes / 1048576.0,
       world > 1 ? fmt::format(" (rank {} of {})", rank, world) : "", allocated_kind, peak_allocated_bytes / 1048576.0,
+      estimated_peak_bytes > 0
+          ? fmt::format(" (estimated {:.1f} MiB, {:+.1f}%)", estimated_peak_bytes / 1048576.0,
+                        100.0 * (double(estimated_peak_bytes) / double(peak_allocated_bytes) - 1.0))
+          : std::string(),
       data_wait_median_s,
       // The frozen encoders' FLOPs are not in GFLOP/sample or MFU: those count the trained model.
       encode_median_s > 0 ? fmt::format(" | frozen encoders median {:.4f} s (in the step time, not in MFU)", encode_median_s)

@@ -53,6 +53,9 @@ struct BenchReport {
   std::string memory_kind;   // "cpu peak RSS" | "cuda peak allocated"
   int64_t peak_rss_bytes = 0, peak_allocated_bytes = 0;
   std::string allocated_kind;
+  // The tensor peak trainer/memory_estimate.h predicts for this rank (0: the family has no estimate),
+  // beside peak_allocated_bytes, its measured counterpart.
+  int64_t estimated_peak_bytes = 0;
   // A multi-rank bench: every rank's peak_memory_bytes / peak_allocated_bytes, by rank.
   std::vector<int64_t> peak_memory_bytes_per_rank, peak_allocated_bytes_per_rank;
   double first_loss = 0;

@@ -64,6 +64,10 @@ ModelCost dit_cost(const ModelConfig& model) {
   return cost;
 }
 
+std::vector<models::UnitFootprint> dit_footprint(const ModelConfig& model, bool cpu_fp32) {
+  return models::dit_unit_footprints(dit_options(model), cpu_fp32);
+}
+
 std::map<std::string, std::string> dit_reference_metadata(const ModelConfig& model) {
   const models::DiTOptions o = dit_options(model);
   return {{"num_classes", std::to_string(o.num_classes)},
@@ -83,6 +87,7 @@ FamilySpec dit_family() {
   spec.validate = validate_dit;
   spec.build = build_dit;
   spec.cost = dit_cost;
+  spec.footprint = dit_footprint;
   spec.image_tokens = [](const ModelConfig& model) { return dit_options(model).num_tokens(); };
   spec.class_conditioning = [](const at::Tensor& labels) { return models::Conditioning{{"labels", labels}}; };
   spec.classes = [](const ModelConfig& model) { return model.family<DiTConfig>().num_classes; };

@@ -135,6 +135,17 @@ ModelCost flux_cost(const ModelConfig& model) {
   return cost;
 }
 
+std::vector<models::UnitFootprint> flux_footprint(const ModelConfig& model, bool cpu_fp32) {
+  const models::FluxOptions o = flux_options(model);
+  auto units = models::flux_unit_footprints(o, models::default_attention_saves(cpu_fp32, o.image_tokens() + o.text_len));
+  if (has_builtin_text_encoder(model)) {  // the built-in text encoder is part of the stem unit
+    const models::TextEncoderOptions t = text_encoder_options(model);
+    units.front().parameters += models::text_encoder_parameter_count(t);
+    units.front().saved += models::text_encoder_saved_per_sample(t);
+  }
+  return units;
+}
+
 TextConditioning flux_text(const ModelConfig& model) {
   const models::FluxOptions o = flux_options(model);
   TextConditioning text;
@@ -213,6 +224,7 @@ FamilySpec flux_family() {
   spec.validate = validate_flux;
   spec.build = build_flux;
   spec.cost = flux_cost;
+  spec.footprint = flux_footprint;
   spec.image_tokens = [](const ModelConfig& model) { return flux_options(model).image_tokens(); };
   spec.text_conditioning = flux_text;
   spec.variable_resolution = true;  // position ids follow each batch's shape
