@@ -8,9 +8,9 @@
 # From a bare machine, in ≤ 8 minutes: builds against that machine's own torch, runs the `gpu`
 # and `unit` tests, measures the fused CUDA kernels' bandwidth against a device copy
 # (flowtrain_kernel_bench), trains the default config in bf16 (and fp32), benchmarks DiT-B/2 and DiT-XL/2
-# on synthetic 32×32×4 latents, bf16 against fp8 recipes at Flux width (3072) and DiT-XL/2
-# (`flowtrain bench`: step time, MFU against the measured bf16
-# matmul peak, peak memory), FSDP on NCCL at world 1 with a 3-step Kineto trace, and — while time
+# on synthetic 32×32×4 latents, bf16 against fp8 recipes at Flux width (3072) and DiT-XL/2, FLUX.1-dev's
+# width with random-weights T5-XXL, CLIP-L and AE run in the step (`flowtrain bench`: step time, MFU
+# against the measured bf16 matmul peak, peak memory beside its estimate), FSDP on NCCL at world 1 with a 3-step Kineto trace, and — while time
 # remains — flowtrain against PyTorch eager / torch.compile on DiT-B/2 bf16. One PASS/FAIL line per
 # check is printed last, with its figure. Everything it writes goes to $OUT (default
 # /tmp/gpu_check_out). Later checks are skipped (SKIP, with the reason) past FLOWTRAIN_GPU_BUDGET_S
@@ -129,6 +129,7 @@ try:
     print(f"{r['step_time_median_s'] * 1e3:.1f} ms/step, {r['samples_per_s']:.0f} samples/s, "
           f"{r['achieved_tflops']:.0f} TFLOP/s = MFU {100 * r['mfu']:.1f}% of {r['peak_tflops']:.0f} ({r['peak_source']}), "
           f"peak {r['peak_memory_bytes'] / 2**30:.2f} GiB allocated"
+          + (f", frozen encoders {r['encode_median_s'] * 1e3:.0f} ms of it" if r.get('encode_median_s') else "")
           # the config-only estimate (trainer/memory_estimate.h) beside it: bf16 is unchecked until this runs
           + (f" (estimated {r['estimated_peak_bytes'] / 2**30:.2f} GiB, "
              f"{100 * (r['estimated_peak_bytes'] / r['peak_memory_bytes'] - 1):+.0f}%)"
@@ -150,6 +151,15 @@ BENCH_CONFIG=configs/bench/flux_width_latent.yaml bench flux_width_bf16 15
 for recipe in tensorwise rowwise delayed; do
   BENCH_CONFIG=configs/bench/flux_width_latent.yaml bench flux_width_fp8_$recipe 15 fp8.recipe=$recipe
 done
+# FLUX.1-dev's width with the frozen T5-XXL, CLIP-L and AE run in every step (online, issue 34): a
+# random-weights release at their real sizes first (flowtrain_random_release: 4.97B parameters,
+# ~10 GB in bf16), then the step; its figure gives the encoders' share and the memory estimate.
+if in_budget; then
+  ./build-gpu/flowtrain_random_release --out /tmp/flux1-random --t5-tokenizer tests/reference/golden/t5_spiece.model \
+    --clip-tokenizer tests/reference/golden/clip_tokenizer_small > "$OUT/random_release.log" 2>&1 ||
+    record FAIL "random release" "rc $? (random_release.log)"
+fi
+BENCH_CONFIG=configs/bench/flux_width_online.yaml bench flux_width_online_bf16 10
 bench dit_xl2_fp8_tensorwise 20 model.size=XL model.hidden=0 model.depth=0 model.heads=0 data.batch_size=256 \
   train.precision=bf16 fp8.recipe=tensorwise
 

@@ -1,10 +1,9 @@
 #include "frozen_fixture.h"
 
-#include "data/safetensors.h"
 #include "models/clip/clip.h"
 #include "models/t5/t5.h"
 #include "reference_golden.h"
-#include "trainer/checkpoint/state_dict.h"
+#include "trainer/frozen/release_files.h"
 
 #include <nlohmann/json.hpp>
 
@@ -34,27 +33,12 @@ FrozenRelease write_frozen_release(const std::string& dir) {
   models::T5Options t5;
   t5.vocab_size = 512;  // covers t5_spiece.model's ids
   t5.d_model = 32, t5.d_kv = 8, t5.d_ff = 48, t5.num_layers = 2, t5.num_heads = 4;
-  const models::T5Encoder t5_model(t5);
-  data::write_safetensors(r.t5 + "/model.safetensors", trainer::state_dict(*t5_model), {{"format", "pt"}});
-  std::ofstream(r.t5 + "/config.json")
-      << nlohmann::json{{"architectures", {"T5EncoderModel"}}, {"vocab_size", t5.vocab_size}, {"d_model", t5.d_model},
-                        {"d_kv", t5.d_kv}, {"d_ff", t5.d_ff}, {"num_layers", t5.num_layers}, {"num_heads", t5.num_heads},
-                        {"feed_forward_proj", "gated-gelu"}, {"layer_norm_epsilon", 1e-6},
-                        {"relative_attention_num_buckets", 32}, {"relative_attention_max_distance", 128}}
-             .dump(2);
+  trainer::write_t5_folder(*models::T5Encoder(t5), r.t5);
 
   models::ClipTextOptions clip;
   clip.vocab_size = 2514;  // clip_tokenizer_small's ids
   clip.hidden = 32, clip.intermediate = 48, clip.layers = 2, clip.heads = 4, clip.max_positions = 77;
-  const models::ClipTextEncoder clip_model(clip);
-  data::write_safetensors(r.clip + "/model.safetensors", trainer::state_dict(*clip_model), {{"format", "pt"}});
-  std::ofstream(r.clip + "/config.json")
-      << nlohmann::json{{"architectures", {"CLIPTextModel"}}, {"vocab_size", clip.vocab_size},
-                        {"hidden_size", clip.hidden}, {"intermediate_size", clip.intermediate},
-                        {"num_hidden_layers", clip.layers}, {"num_attention_heads", clip.heads},
-                        {"max_position_embeddings", clip.max_positions}, {"hidden_act", "quick_gelu"},
-                        {"layer_norm_eps", 1e-5}, {"eos_token_id", 2}}
-             .dump(2);
+  trainer::write_clip_folder(*models::ClipTextEncoder(clip), r.clip);
   return r;
 }
 

@@ -5,7 +5,6 @@
 #include "models/t5/t5.h"
 #include "parallel/activation_checkpoint.h"
 #include "parallel/fsdp.h"
-#include "trainer/builders.h"
 #include "trainer/family.h"
 #include "trainer/frozen/frozen_models.h"
 
@@ -48,20 +47,6 @@ std::optional<int64_t> frozen_parameters(const ModelConfig& m) {
   return n;
 }
 
-// The bytes of the run's in-memory data set (what build_dataset holds: images, labels, text
-// fields); 0 for streamed shards, −1 when it cannot be read here.
-int64_t in_memory_dataset_bytes(const Config& config) {
-  if (config.data.source == DataSource::shards) return 0;
-  try {
-    const auto dataset = build_dataset(config);
-    int64_t bytes = int64_t(dataset->images.nbytes() + dataset->labels.nbytes());
-    for (const auto& [name, t] : dataset->fields) bytes += int64_t(t.nbytes());
-    return bytes;
-  } catch (const std::exception&) {
-    return -1;
-  }
-}
-
 // Elements unit `u` keeps through the forward under the run's activation checkpointing, and what
 // its backward brings back when it recomputes.
 struct Kept {
@@ -82,7 +67,7 @@ Kept kept_by(const models::UnitFootprint& u, bool is_block, int64_t block_index,
 
 }  // namespace
 
-MemoryEstimate estimate_memory(const Config& config, const ResolvedRun& run) {
+MemoryEstimate estimate_memory(const Config& config, const ResolvedRun& run, int64_t dataset_bytes) {
   MemoryEstimate e;
   const FamilySpec& family = model_family(config.model.arch);
   if (!family.footprint) {
@@ -129,7 +114,7 @@ MemoryEstimate estimate_memory(const Config& config, const ResolvedRun& run) {
     for (const auto& [numel, count] : of_size) e.fsdp_buffers += std::min<int64_t>(count, 2) * numel * compute_bytes;
     e.fsdp_buffers += int64_t(parallel::FullyShardedModule::kMaxReducesInFlight) * largest_unit * reduce_bytes;
   }
-  e.dataset = in_memory_dataset_bytes(config);
+  e.dataset = config.data.source == DataSource::shards ? 0 : dataset_bytes;
   const int64_t dataset_on_device = cuda ? 0 : std::max<int64_t>(0, e.dataset);
   const int64_t persistent = fixed + e.weights + e.optimizer + e.ema + e.frozen + e.fsdp_buffers + e.staging + dataset_on_device;
 
@@ -190,7 +175,9 @@ std::vector<std::pair<std::string, std::string>> MemoryEstimate::lines() const {
   if (staging > 0) out.emplace_back("", fmt::format("checkpoint staging {}", gib(staging)));
   if (dataset > 0)
     out.emplace_back("", fmt::format("{}data set in memory {}", cuda ? "+ host memory: " : "", gib(dataset)));
-  if (dataset < 0) out.emplace_back("", "data set in memory not counted: it cannot be read here");
+  if (dataset < 0)
+    out.emplace_back("", fmt::format("{}data set in memory not counted (data.source holds it whole: add its size)",
+                                     cuda ? "+ host memory: " : ""));
   if (host_staging > 0) out.emplace_back("", fmt::format("+ host memory: checkpoint staging {}", gib(host_staging)));
   return out;
 }

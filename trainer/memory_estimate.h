@@ -49,13 +49,14 @@ struct MemoryEstimate {
   std::string peak_at;        // where: "backward of double_blocks.0", "optimizer step"
   int64_t host_staging = 0;   // CUDA: the staging copy in pinned host memory
   // The data set a run holds in memory (data.source fashion_mnist | compositions | synthetic; 0 for
-  // streamed shards): device memory on the CPU, host memory on CUDA. −1: not counted (its files
-  // could not be read here).
+  // streamed shards): device memory on the CPU, host memory on CUDA. −1: not counted.
   int64_t dataset = 0;
   // "key: value" lines for `flowtrain config`.
   std::vector<std::pair<std::string, std::string>> lines() const;
 };
 
-MemoryEstimate estimate_memory(const Config& config, const ResolvedRun& run);
+// `dataset_bytes`: the size of the data set the run holds in memory (data.source other than
+// shards), when the caller knows it (bench: the one it built); −1 leaves it out, said in lines().
+MemoryEstimate estimate_memory(const Config& config, const ResolvedRun& run, int64_t dataset_bytes = -1);
 
 }  // namespace flowtrain::trainer

@@ -4,6 +4,7 @@
 #include "data/safetensors.h"
 #include "data/weight_files.h"
 #include "trainer/checkpoint/state_dict.h"
+#include "trainer/frozen/release_files.h"
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -165,34 +166,12 @@ models::ClipTextEncoder load_clip(const std::string& folder, at::Device device, 
 
 std::vector<std::string> export_component(FrozenComponent component, const std::string& source, const std::string& out,
                                           at::ScalarType dtype) {
-  NamedTensors tensors;
-  std::map<std::string, std::string> metadata{{"format", "pt"}};  // what transformers' loader expects
   switch (component) {
-    case FrozenComponent::autoencoder: {
-      const models::Autoencoder ae = load_autoencoder(source);
-      tensors = state_dict(*ae);
-      const models::AutoencoderOptions& o = ae->options;
-      std::string ch_mult;
-      for (const int64_t m : o.ch_mult) ch_mult += (ch_mult.empty() ? "" : ",") + std::to_string(m);
-      metadata = {{"ch", std::to_string(o.ch)}, {"ch_mult", ch_mult}, {"num_res_blocks", std::to_string(o.num_res_blocks)},
-                  {"z_channels", std::to_string(o.z_channels)}, {"norm_groups", std::to_string(o.norm_groups)},
-                  {"scale_factor", fmt::format("{}", o.scale_factor)}, {"shift_factor", fmt::format("{}", o.shift_factor)}};
-      break;
-    }
-    case FrozenComponent::t5:
-      tensors = state_dict(*load_t5(source));
-      break;
-    case FrozenComponent::clip:
-      tensors = state_dict(*load_clip(source));
-      break;
+    case FrozenComponent::autoencoder: return write_autoencoder_file(*load_autoencoder(source), out, dtype);
+    case FrozenComponent::t5: return write_t5_weights(*load_t5(source), out, dtype);
+    case FrozenComponent::clip: return write_clip_weights(*load_clip(source), out, dtype);
   }
-  std::vector<std::string> names;
-  for (auto& [name, tensor] : tensors) {
-    tensor = tensor.to(dtype);
-    names.push_back(name);
-  }
-  data::write_safetensors(out, tensors, metadata);
-  return names;
+  throw std::invalid_argument("export_component: unknown component");
 }
 
 }  // namespace flowtrain::trainer
