@@ -94,4 +94,12 @@ TEST(LatentTextToImage, TrainsAnAutoencoderThenFluxOnItsLatentsAndJudgesOnPixels
   // model's E[(ε − x0)²] ≈ 2 bounds it from above.
   EXPECT_GT(report["val_loss"].get<double>(), 0.0);
   EXPECT_LT(report["val_loss"].get<double>(), 3.0);
+  // The judge on the real canvases after a round trip through the autoencoder: what a latent
+  // model's samples could score at most. This autoencoder trained 30 steps at a tiny width blurs
+  // garments the judge reads on the real canvases, so it scores lower (measured when written:
+  // 0.0625 against 0.875 on 16 prompts); were the round trip skipped, the two would be equal.
+  ASSERT_TRUE(report.contains("prompt_accuracy_ceiling_through_autoencoder")) << report.dump(2);
+  EXPECT_GE(report["prompt_accuracy_ceiling_through_autoencoder"].get<double>(), 0.0);
+  EXPECT_LT(report["prompt_accuracy_ceiling_through_autoencoder"].get<double>(),
+            report["prompt_accuracy_ceiling"].get<double>());
 }

@@ -139,6 +139,10 @@ std::string PromptFollowingReport::to_json() const {
   j["num"] = scores.num;
   j["num_heldout"] = scores.num_heldout;
   if (std::isfinite(val_loss)) j["val_loss"] = val_loss;
+  if (std::isfinite(prompt_accuracy_ceiling_through_autoencoder)) {
+    j["prompt_accuracy_ceiling_through_autoencoder"] = prompt_accuracy_ceiling_through_autoencoder;
+    j["class_accuracy_ceiling_through_autoencoder"] = class_accuracy_ceiling_through_autoencoder;
+  }
   return j.dump();
 }
 
@@ -222,6 +226,21 @@ PromptFollowingReport score_prompt_following(const at::Tensor& samples, const st
   return report;
 }
 
+PromptScores score_autoencoder_round_trip(const Config& config, int64_t n, const c10::Device& device) {
+  auto lock = g_judges.lock();
+  PromptEvalContext& ctx = context_for(config.data.path, config.eval.classifier_dir, device);
+  const at::Tensor real = ctx.real_eval.narrow(0, 0, n);
+  const std::vector<data::Composition> prompts(ctx.prompts.begin(), ctx.prompts.begin() + n);
+  const at::Tensor pixels = real.to(at::kFloat).div(127.5).sub(1.0);  // uint8 -> [−1, 1]
+  // In slices: the autoencoder's activations at a few hundred canvases stay small.
+  std::vector<at::Tensor> round_trip;
+  for (int64_t i = 0; i < n; i += 100) {
+    const at::Tensor x = samples_to_pixels(config, pixels_to_model_space(config, pixels.narrow(0, i, std::min<int64_t>(100, n - i))));
+    round_trip.push_back(x.clamp(-1.0, 1.0).add(1.0).mul(127.5).round().to(at::kByte));  // as evaluate.cpp quantises samples
+  }
+  return score_readings(read_canvases(at::cat(round_trip), ctx.classifier.model), prompts);
+}
+
 void check_prompt_following_config(const Config& c, const models::DiffusionModel& model) {
   const std::string where = c.source_path.empty() ? std::string("config") : c.source_path;
   const std::vector<int64_t> shape = pixel_sample_shape(c, model.sample_shape());  // decoded, for a latent model
@@ -251,6 +270,11 @@ PromptFollowingReport evaluate_prompt_following_checkpoint(const Config& config,
       generate_checkpoint_eval_samples(c, checkpoint_dir, 0, raw, check_prompt_following_config);
   PromptFollowingReport report = score_prompt_following(e.samples, c.data.path, c.eval.classifier_dir, e.device);
   report.val_loss = prompt_held_out_loss(*e.model, e.eval_rows, c, e.device);
+  if (decodes_samples(c)) {
+    const PromptScores through = score_autoencoder_round_trip(c, report.scores.num, e.device);
+    report.prompt_accuracy_ceiling_through_autoencoder = through.prompt_accuracy;
+    report.class_accuracy_ceiling_through_autoencoder = through.class_accuracy;
+  }
   write_file_atomic(e.report_path, report.to_json() + "\n");
   return report;
 }

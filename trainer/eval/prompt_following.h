@@ -66,12 +66,17 @@ PromptScores score_readings(const std::vector<CanvasReading>& readings, const st
 struct PromptFollowingReport {
   PromptScores scores;
   double prompt_accuracy_ceiling = 0, fd = 0, fd_floor = 0;
+  // A latent run (model.autoencoder): the judge on the real canvases after a round trip through the
+  // autoencoder (encoded, decoded) — the most a latent model's samples could score; NaN otherwise.
+  double prompt_accuracy_ceiling_through_autoencoder = std::numeric_limits<double>::quiet_NaN();
+  double class_accuracy_ceiling_through_autoencoder = std::numeric_limits<double>::quiet_NaN();
   // The flow-matching loss on every evaluation prompt's real canvas (trainer/eval/
   // validation_loss.h); NaN when not measured (then left out of the JSON).
   double val_loss = std::numeric_limits<double>::quiet_NaN();
   // {"prompt_accuracy":…,"object_accuracy":…,"class_accuracy":…,"color_accuracy":…,
   //  "position_accuracy":…,"heldout_prompt_accuracy":…,"prompt_accuracy_ceiling":…,"fd":…,
-  //  "fd_floor":…,"num":…,"num_heldout":…,"val_loss":…}
+  //  "fd_floor":…,"num":…,"num_heldout":…,"val_loss":…} (+ the two *_through_autoencoder
+  //  ceilings of a latent run)
   std::string to_json() const;
 };
 
@@ -80,6 +85,10 @@ struct PromptFollowingReport {
 // Fashion-MNIST directory the set was made from (its manifest), trained on first use.
 PromptFollowingReport score_prompt_following(const at::Tensor& samples, const std::string& data_dir,
                                              const std::string& classifier_dir, const c10::Device& device);
+
+// The judge on the first `n` evaluation canvases after a round trip through the run's
+// autoencoder (config.model.autoencoder: encoded to its scaled latent means, decoded).
+PromptScores score_autoencoder_round_trip(const Config& config, int64_t n, const c10::Device& device);
 
 // Throws ConfigError naming the key when a run cannot be judged on prompt following: the model
 // must make 3 × 56 × 56 canvases and eval.num must be in [2, evaluation prompts].
