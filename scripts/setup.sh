@@ -67,6 +67,16 @@ PY
   mv "$clip_vocab.part" "$clip_vocab"
 }
 
+# The object-store tests' S3 server (tests/s3_server.py): moto's, pinned, in a venv of its own.
+install_s3_test_server() {
+  local venv=$deps/moto-venv
+  "$venv/bin/python" -c 'import moto, sys; sys.exit(moto.__version__ != "5.2.6")' 2>/dev/null && return 0
+  echo "[setup] installing moto[server]==5.2.6 (the tests' loopback S3 server) into $venv" >&2
+  python3 -m venv "$venv"
+  "$venv/bin/pip" install -q --disable-pip-version-check "moto[server]==5.2.6" >&2
+}
+install_s3_test_server
+
 if [ -n "${FLOWTRAIN_TORCH_DIR:-}" ]; then
   [ -f "$FLOWTRAIN_TORCH_DIR/TorchConfig.cmake" ] || [ -f "$FLOWTRAIN_TORCH_DIR/Torch/TorchConfig.cmake" ] || {
     echo "[setup] FLOWTRAIN_TORCH_DIR=$FLOWTRAIN_TORCH_DIR holds no TorchConfig.cmake" >&2; exit 1; }

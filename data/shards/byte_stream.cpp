@@ -2,6 +2,7 @@
 
 #include "data/data_error.h"
 #include "data/shards/http_stream.h"
+#include "data/shards/s3.h"
 
 #include <fmt/format.h>
 
@@ -160,7 +161,8 @@ bool starts_with(const std::string& s, const char* prefix) { return s.rfind(pref
 }  // namespace
 
 bool is_local_entry(const std::string& entry) {
-  return !starts_with(entry, "pipe:") && !starts_with(entry, "http://") && !starts_with(entry, "https://");
+  return !starts_with(entry, "pipe:") && !starts_with(entry, "http://") && !starts_with(entry, "https://") &&
+         !is_object_store_url(entry);
 }
 
 std::string local_path_of(const std::string& entry) {
@@ -174,6 +176,15 @@ std::unique_ptr<ByteStream> open_shard(const std::string& entry, const FetchOpti
     return std::make_unique<PipeStream>(entry, command, options);
   }
   if (starts_with(entry, "http://") || starts_with(entry, "https://")) return open_http_stream(entry, options);
+  if (is_object_store_url(entry)) {
+    const S3Object object = parse_object_url(entry);
+    const EnvLookup env = process_environment();
+    const S3Credentials credentials = resolve_credentials(env);
+    const S3Endpoint endpoint = resolve_endpoint(object, env);
+    return open_http_stream(entry, object_http_url(object, endpoint), options, sigv4_auth(credentials, endpoint),
+                            fmt::format("access denied at {} with the credentials of {}", endpoint.base,
+                                        credentials.source));
+  }
   if (entry.empty()) throw DataError("an empty shard entry");
   return std::make_unique<FileStream>(entry, local_path_of(entry));
 }

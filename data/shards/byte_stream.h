@@ -1,6 +1,7 @@
 // Where shard bytes come from. A shard entry (one line of data.shards after brace expansion) is
 //   /local/path.tar  or  file:///local/path.tar      read with read(2), skipped with lseek(2)
 //   http://… / https://…                            libcurl, streamed; retried (below)
+//   s3://bucket/key, gs://bucket/key                the same, signed with AWS SigV4 (data/shards/s3.h)
 //   pipe:COMMAND                                    COMMAND's stdout (WebDataset's convention:
 //                                                   `pipe:aws s3 cp s3://bucket/key -`)
 // Every error is a DataError naming the entry, so a loader can say which shard failed.

@@ -50,8 +50,11 @@ bool transient(CURLcode code, long http_status) {
 
 class HttpStream final : public ByteStream {
  public:
-  HttpStream(const std::string& url, const FetchOptions& options) : ByteStream(url), options_(options) {
+  HttpStream(const std::string& name, const std::string& url, const FetchOptions& options, HttpAuth auth,
+             std::string denied_hint)
+      : ByteStream(name), url_(url), options_(options), auth_(std::move(auth)), denied_hint_(std::move(denied_hint)) {
     init_curl_once();
+    for (const auto& h : auth_.headers) headers_ = curl_slist_append(headers_, h.c_str());
     multi_ = curl_multi_init();
     if (!multi_) throw DataError(fmt::format("shard {}: curl_multi_init failed", url));
     try {
@@ -62,6 +65,7 @@ class HttpStream final : public ByteStream {
     } catch (...) {
       stop_transfer();
       curl_multi_cleanup(multi_);
+      curl_slist_free_all(headers_);
       throw;
     }
   }
@@ -69,6 +73,7 @@ class HttpStream final : public ByteStream {
   ~HttpStream() override {
     stop_transfer();
     curl_multi_cleanup(multi_);
+    curl_slist_free_all(headers_);
   }
 
   size_t read(char* dst, size_t n) override {
@@ -89,7 +94,12 @@ class HttpStream final : public ByteStream {
   void start_transfer() {
     easy_ = curl_easy_init();
     if (!easy_) throw DataError(fmt::format("shard {}: curl_easy_init failed", name()));
-    curl_easy_setopt(easy_, CURLOPT_URL, name().c_str());
+    curl_easy_setopt(easy_, CURLOPT_URL, url_.c_str());
+    if (!auth_.empty()) {  // SigV4: libcurl signs each request (a retry's too, with its own date)
+      curl_easy_setopt(easy_, CURLOPT_AWS_SIGV4, auth_.aws_sigv4.c_str());
+      curl_easy_setopt(easy_, CURLOPT_USERPWD, auth_.user_password.c_str());
+    }
+    if (headers_) curl_easy_setopt(easy_, CURLOPT_HTTPHEADER, headers_);
     curl_easy_setopt(easy_, CURLOPT_WRITEFUNCTION, &HttpStream::on_data);
     curl_easy_setopt(easy_, CURLOPT_WRITEDATA, this);
     curl_easy_setopt(easy_, CURLOPT_FOLLOWLOCATION, 1L);
@@ -166,7 +176,9 @@ class HttpStream final : public ByteStream {
     // a server closing a connection paused while the trainer was busy) starts it afresh.
     if (received_ > received_at_start_) attempts_ = 0;
     const std::string why =
-        code == CURLE_HTTP_RETURNED_ERROR ? fmt::format("HTTP {}", status)
+        code == CURLE_HTTP_RETURNED_ERROR
+            ? fmt::format("HTTP {}{}", status,
+                          (status == 401 || status == 403) && !denied_hint_.empty() ? " (" + denied_hint_ + ")" : "")
                                           : fmt::format("{}{}{}", curl_easy_strerror(code), error_text_[0] ? ": " : "",
                                                         error_text_);
     stop_transfer();
@@ -183,7 +195,11 @@ class HttpStream final : public ByteStream {
     start_transfer();
   }
 
+  std::string url_;  // what is requested (name() is what messages say)
   FetchOptions options_;
+  HttpAuth auth_;
+  std::string denied_hint_;
+  curl_slist* headers_ = nullptr;
   CURLM* multi_ = nullptr;
   CURL* easy_ = nullptr;
   char error_text_[CURL_ERROR_SIZE] = {};
@@ -199,13 +215,26 @@ class HttpStream final : public ByteStream {
 }  // namespace
 
 std::unique_ptr<ByteStream> open_http_stream(const std::string& url, const FetchOptions& options) {
-  return std::make_unique<HttpStream>(url, options);
+  return std::make_unique<HttpStream>(url, url, options, HttpAuth{}, "");
+}
+
+std::unique_ptr<ByteStream> open_http_stream(const std::string& name, const std::string& url,
+                                             const FetchOptions& options, const HttpAuth& auth,
+                                             const std::string& denied_hint) {
+  return std::make_unique<HttpStream>(name, url, options, auth, denied_hint);
 }
 #else
 std::unique_ptr<ByteStream> open_http_stream(const std::string& url, const FetchOptions&) {
   throw DataError(fmt::format("shard {}: this flowtrain was built without libcurl (install libcurl4-openssl-dev and "
                               "rebuild), so http(s) shards cannot be read; pipe:curl -s URL works meanwhile",
                               url));
+}
+
+std::unique_ptr<ByteStream> open_http_stream(const std::string& name, const std::string&, const FetchOptions&,
+                                             const HttpAuth&, const std::string&) {
+  throw DataError(fmt::format("shard {}: this flowtrain was built without libcurl (install libcurl4-openssl-dev and "
+                              "rebuild), so object-store shards cannot be read",
+                              name));
 }
 #endif
 

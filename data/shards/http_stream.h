@@ -6,6 +6,7 @@
 #pragma once
 
 #include "data/shards/byte_stream.h"
+#include "data/shards/s3.h"
 
 #include <memory>
 #include <string>
@@ -13,5 +14,10 @@
 namespace flowtrain::data {
 
 std::unique_ptr<ByteStream> open_http_stream(const std::string& url, const FetchOptions& options);
+// A signed request (an s3:// object): `name` is what messages call it (the s3:// entry; never the
+// signed request), `denied_hint` what a 401/403 answer adds (where the credentials came from).
+std::unique_ptr<ByteStream> open_http_stream(const std::string& name, const std::string& url,
+                                             const FetchOptions& options, const HttpAuth& auth,
+                                             const std::string& denied_hint);
 
 }  // namespace flowtrain::data
