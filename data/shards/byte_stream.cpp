@@ -176,15 +176,7 @@ std::unique_ptr<ByteStream> open_shard(const std::string& entry, const FetchOpti
     return std::make_unique<PipeStream>(entry, command, options);
   }
   if (starts_with(entry, "http://") || starts_with(entry, "https://")) return open_http_stream(entry, options);
-  if (is_object_store_url(entry)) {
-    const S3Object object = parse_object_url(entry);
-    const EnvLookup env = process_environment();
-    const S3Credentials credentials = resolve_credentials(env);
-    const S3Endpoint endpoint = resolve_endpoint(object, env);
-    return open_http_stream(entry, object_http_url(object, endpoint), options, sigv4_auth(credentials, endpoint),
-                            fmt::format("access denied at {} with the credentials of {}", endpoint.base,
-                                        credentials.source));
-  }
+  if (is_object_store_url(entry)) return open_object(entry, options, process_environment());
   if (entry.empty()) throw DataError("an empty shard entry");
   return std::make_unique<FileStream>(entry, local_path_of(entry));
 }

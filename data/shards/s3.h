@@ -13,6 +13,8 @@
 // endpoint and where the credentials came from (the variable or the file and profile).
 #pragma once
 
+#include "data/shards/byte_stream.h"
+
 #include <functional>
 #include <optional>
 #include <string>
@@ -59,5 +61,21 @@ struct HttpAuth {
   bool empty() const { return aws_sigv4.empty(); }
 };
 HttpAuth sigv4_auth(const S3Credentials& credentials, const S3Endpoint& endpoint);
+
+// Opens one object for streaming (an entry of data.shards), signed; the stream's name is `url`.
+std::unique_ptr<ByteStream> open_object(const std::string& url, const FetchOptions& options, const EnvLookup& env);
+
+// Every key under `prefix` in `bucket`, in S3's order (UTF-8 binary), through ListObjectsV2 pages
+// of `page_size` keys (continuation tokens: a million keys are a thousand requests).
+std::vector<std::string> list_objects(const std::string& bucket, const std::string& prefix, bool gcs,
+                                      const FetchOptions& options, const EnvLookup& env, int64_t page_size = 1000);
+
+// True when an object URL holds a wildcard (* ? [) in its key.
+bool has_wildcard(const std::string& url);
+// s3://bucket/dir/train-*.tar -> the matching objects' URLs, sorted: the key's part before the
+// first wildcard is the listing's prefix, the rest matches as a shell glob whose * and ? do not
+// cross '/'. Throws DataError naming the pattern when nothing matches.
+std::vector<std::string> expand_object_glob(const std::string& pattern, const FetchOptions& options,
+                                            const EnvLookup& env, int64_t page_size = 1000);
 
 }  // namespace flowtrain::data

@@ -3,6 +3,7 @@
 #include "data/data_error.h"
 #include "data/shards/brace_expand.h"
 #include "data/shards/byte_stream.h"
+#include "data/shards/s3.h"
 
 #include <fmt/format.h>
 
@@ -36,7 +37,13 @@ std::vector<std::string> resolve_shard_list(const std::vector<std::string>& patt
   std::vector<std::string> entries;
   for (const auto& pattern : patterns) {
     if (pattern.empty()) throw DataError("data.shards: an empty pattern");
-    for (auto& e : expand_braces(pattern)) entries.push_back(std::move(e));
+    for (auto& e : expand_braces(pattern)) {
+      if (!has_wildcard(e)) {
+        entries.push_back(std::move(e));
+        continue;
+      }
+      for (auto& object : expand_object_glob(e, FetchOptions{}, process_environment())) entries.push_back(std::move(object));
+    }
   }
   if (!list_file.empty()) {
     std::ifstream in(list_file);

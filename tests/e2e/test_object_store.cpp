@@ -2,8 +2,11 @@
 // server on loopback (moto's, tests/s3_server.py, authentication enforced) holds packed
 // Fashion-MNIST shards; `data inspect` reads one, training from s3:// entries sees the same
 // batches as from the local files (same losses), and a wrong secret is one error naming the
-// object, the endpoint and where the credentials came from — never the secret.
+// object, the endpoint and where the credentials came from — never the secret. A glob entry
+// (s3://bucket/dir/train-*.tar) is listed page by page.
 #include "cli_runner.h"
+#include "data/data_error.h"
+#include "data/shards/s3.h"
 #include "test_util.h"
 
 #include <gtest/gtest.h>
@@ -109,12 +112,34 @@ TEST(ObjectStore, TrainsFromS3ShardsAsFromLocalFilesAndAWrongSecretIsOneErrorWit
     const std::string name = "train-00000" + std::to_string(s) + ".tar";
     uploads.emplace_back(base + "/shards/" + name, "fashion/" + name);
   }
+  // Beside them, keys a glob must not take: another suffix, and a deeper folder.
+  uploads.emplace_back(base + "/shards/index.json", "fashion/index.json");
+  uploads.emplace_back(base + "/shards/train-000000.tar", "fashion/old/train-000009.tar");
   const S3Server server("shards", uploads);
   ASSERT_TRUE(server.running()) << "the S3 server did not start (" << moto_python() << " tests/s3_server.py)";
 
   auto inspect = run_flowtrain("data inspect --summary s3://shards/fashion/train-000000.tar", server.env(server.secret_key));
   ASSERT_EQ(inspect.exit_code, 0) << inspect.output;
   EXPECT_NE(inspect.output.find("100 samples (100 .cls, 100 .png, 100 .txt)"), std::string::npos) << inspect.output;
+
+  // Listing: ListObjectsV2 page by page (2 keys a page here: 5 keys under the prefix, 3 pages),
+  // the glob's * not crossing '/'.
+  const flowtrain::data::EnvLookup env = [&](const std::string& name) -> std::optional<std::string> {
+    if (name == "AWS_ACCESS_KEY_ID") return server.access_key;
+    if (name == "AWS_SECRET_ACCESS_KEY") return server.secret_key;
+    if (name == "AWS_ENDPOINT_URL") return server.endpoint;
+    return std::nullopt;
+  };
+  EXPECT_EQ(flowtrain::data::list_objects("shards", "fashion/", false, {}, env, 2).size(), 5u);
+  EXPECT_EQ(flowtrain::data::expand_object_glob("s3://shards/fashion/train-*.tar", {}, env, 2),
+            (std::vector<std::string>{"s3://shards/fashion/train-000000.tar", "s3://shards/fashion/train-000001.tar",
+                                      "s3://shards/fashion/train-000002.tar"}));
+  try {
+    flowtrain::data::expand_object_glob("s3://shards/fashion/val-*.tar", {}, env);
+    ADD_FAILURE() << "a glob matching nothing must be an error";
+  } catch (const flowtrain::data::DataError& e) {
+    EXPECT_NE(std::string(e.what()).find("s3://shards/fashion/val-*.tar matches no object"), std::string::npos) << e.what();
+  }
 
   // The same run from the local files and from the store: the same batches, so the same losses.
   const std::vector<std::string> common = {"data.source=shards", "data.streams=3", "train.threads=1",
@@ -127,7 +152,7 @@ TEST(ObjectStore, TrainsFromS3ShardsAsFromLocalFilesAndAWrongSecretIsOneErrorWit
   };
   auto local = train_tiny(base + "/local", with(base + "/shards/train-{000000..000002}.tar"));
   ASSERT_EQ(local.exit_code, 0) << local.output;
-  auto remote = train_tiny(base + "/remote", with("s3://shards/fashion/train-{000000..000002}.tar"), server.env(server.secret_key));
+  auto remote = train_tiny(base + "/remote", with("s3://shards/fashion/train-*.tar"), server.env(server.secret_key));
   ASSERT_EQ(remote.exit_code, 0) << remote.output;
   const auto a = read_metrics(base + "/local"), b = read_metrics(base + "/remote");
   ASSERT_EQ(a.size(), 4u);
