@@ -15,9 +15,10 @@
 namespace flowtrain::data {
 
 struct FetchOptions {
-  // http(s): a connection error, a timeout or a 5xx answer is retried `retries` times with
-  // exponential backoff (backoff_s, 2·backoff_s, …); a transfer that breaks mid-way resumes with
-  // a Range request at the byte it reached. 4xx answers are final.
+  // http(s), s3: a connection error, a timeout, a 408/429 or 5xx answer is retried `retries` times
+  // with jittered exponential backoff (attempt k waits between ½ and 1 × backoff_s·2^k); a
+  // transfer that breaks mid-way resumes with a Range request at the byte it reached. Other 4xx
+  // answers are final.
   int retries = 5;
   double backoff_s = 1.0;
   double connect_timeout_s = 30.0;

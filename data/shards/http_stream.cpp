@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstring>
 #include <mutex>
+#include <random>
 #include <thread>
 
 #endif
@@ -185,7 +186,10 @@ class HttpStream final : public ByteStream {
     if (!transient(code, status) || attempts_ >= options_.retries)
       throw DataError(fmt::format("shard {}: {} (after {} attempt{})", name(), why, attempts_ + 1,
                                   attempts_ == 0 ? "" : "s"));
-    const double wait = options_.backoff_s * static_cast<double>(1u << std::min(attempts_, 16));
+    // Exponential backoff with "equal jitter" (half fixed, half uniform): ranks and workers that
+    // were throttled together (S3's 503 SlowDown) do not come back together.
+    const double ceiling = options_.backoff_s * static_cast<double>(1u << std::min(attempts_, 16));
+    const double wait = ceiling * (0.5 + 0.5 * std::uniform_real_distribution<double>(0.0, 1.0)(jitter_));
     ++attempts_;
     const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(wait);
     while (std::chrono::steady_clock::now() < until) {  // in slices: a shutdown does not wait it out
@@ -210,6 +214,7 @@ class HttpStream final : public ByteStream {
   uint64_t received_at_start_ = 0;  // received_ when the current attempt started
   bool range_requested_ = false, status_checked_ = false, paused_ = false, done_ = false;
   int attempts_ = 0;
+  std::minstd_rand jitter_{std::random_device{}()};
 };
 
 }  // namespace

@@ -35,7 +35,8 @@ std::string moto_python() {
 // tests/s3_server.py in a child process: serves until this object closes its standard input.
 class S3Server {
  public:
-  S3Server(const std::string& bucket, const std::vector<std::pair<std::string, std::string>>& uploads) {
+  S3Server(const std::string& bucket, const std::vector<std::pair<std::string, std::string>>& uploads,
+           bool faults = false) {
     int to_child[2], from_child[2];
     if (pipe(to_child) != 0 || pipe(from_child) != 0) return;
     std::vector<std::string> args = {moto_python(), source_path("tests/s3_server.py"), "--bucket", bucket};
@@ -43,6 +44,7 @@ class S3Server {
       args.push_back("--upload");
       args.push_back(local + "=" + key);
     }
+    if (faults) args.push_back("--faults");
     pid_ = fork();
     if (pid_ == 0) {
       dup2(to_child[0], STDIN_FILENO);
@@ -97,21 +99,53 @@ class S3Server {
 
 }  // namespace
 
-TEST(ObjectStore, TrainsFromS3ShardsAsFromLocalFilesAndAWrongSecretIsOneErrorWithoutIt) {
-  REQUIRE_DATA();
-  if (!fs::exists(moto_python())) {
-    if (in_ci()) FAIL() << moto_python() << " is missing: scripts/setup.sh installs moto[server] there";
-    GTEST_SKIP() << "no moto venv at " << moto_python() << " (run scripts/setup.sh)";
-  }
-  const std::string base = scratch_dir("object_store");
+#define REQUIRE_MOTO()                                                                                \
+  do {                                                                                               \
+    if (!fs::exists(moto_python())) {                                                                \
+      if (in_ci()) FAIL() << moto_python() << " is missing: scripts/setup.sh installs moto[server] there"; \
+      GTEST_SKIP() << "no moto venv at " << moto_python() << " (run scripts/setup.sh)";              \
+    }                                                                                                \
+  } while (0)
+
+namespace {
+
+// 300 Fashion-MNIST samples packed into base/shards (3 shards and index.json); the uploads that
+// put the shards under fashion/ in the bucket.
+std::vector<std::pair<std::string, std::string>> pack_fashion_shards(const std::string& base) {
   auto packed = run_flowtrain("data pack --from fashion-mnist --path " + fashion_mnist_dir() + " --out " + base +
                               "/shards --limit 300 --max-count 100");
-  ASSERT_EQ(packed.exit_code, 0) << packed.output;
+  EXPECT_EQ(packed.exit_code, 0) << packed.output;
   std::vector<std::pair<std::string, std::string>> uploads;
   for (int s = 0; s < 3; ++s) {
     const std::string name = "train-00000" + std::to_string(s) + ".tar";
     uploads.emplace_back(base + "/shards/" + name, "fashion/" + name);
   }
+  return uploads;
+}
+
+// A 4-step run of the tiny DiT from `shards` (sample counts from the local index.json).
+CommandResult train_from(const std::string& base, const std::string& run, const std::string& shards,
+                         const std::string& env) {
+  return train_tiny(base + "/" + run,
+                    {"data.source=shards", "data.streams=3", "train.threads=1", "train.log_every=1", "train.steps=4",
+                     "data.shard_index=" + base + "/shards/index.json", "data.shards=" + shards},
+                    env);
+}
+
+void expect_same_losses(const std::string& run_a, const std::string& run_b) {
+  const auto a = read_metrics(run_a), b = read_metrics(run_b);
+  ASSERT_EQ(a.size(), 4u);
+  ASSERT_EQ(b.size(), 4u);
+  for (size_t i = 0; i < 4; ++i) EXPECT_EQ(a[i].at("loss").get<double>(), b[i].at("loss").get<double>()) << i;
+}
+
+}  // namespace
+
+TEST(ObjectStore, TrainsFromS3ShardsAsFromLocalFilesAndAWrongSecretIsOneErrorWithoutIt) {
+  REQUIRE_DATA();
+  REQUIRE_MOTO();
+  const std::string base = scratch_dir("object_store");
+  auto uploads = pack_fashion_shards(base);
   // Beside them, keys a glob must not take: another suffix, and a deeper folder.
   uploads.emplace_back(base + "/shards/index.json", "fashion/index.json");
   uploads.emplace_back(base + "/shards/train-000000.tar", "fashion/old/train-000009.tar");
@@ -142,22 +176,11 @@ TEST(ObjectStore, TrainsFromS3ShardsAsFromLocalFilesAndAWrongSecretIsOneErrorWit
   }
 
   // The same run from the local files and from the store: the same batches, so the same losses.
-  const std::vector<std::string> common = {"data.source=shards", "data.streams=3", "train.threads=1",
-                                           "train.log_every=1", "train.steps=4",
-                                           "data.shard_index=" + base + "/shards/index.json"};
-  auto with = [&](const std::string& shards) {
-    std::vector<std::string> sets = common;
-    sets.push_back("data.shards=" + shards);
-    return sets;
-  };
-  auto local = train_tiny(base + "/local", with(base + "/shards/train-{000000..000002}.tar"));
+  auto local = train_from(base, "local", base + "/shards/train-{000000..000002}.tar", "");
   ASSERT_EQ(local.exit_code, 0) << local.output;
-  auto remote = train_tiny(base + "/remote", with("s3://shards/fashion/train-*.tar"), server.env(server.secret_key));
+  auto remote = train_from(base, "remote", "s3://shards/fashion/train-*.tar", server.env(server.secret_key));
   ASSERT_EQ(remote.exit_code, 0) << remote.output;
-  const auto a = read_metrics(base + "/local"), b = read_metrics(base + "/remote");
-  ASSERT_EQ(a.size(), 4u);
-  ASSERT_EQ(b.size(), 4u);
-  for (size_t i = 0; i < 4; ++i) EXPECT_EQ(a[i].at("loss").get<double>(), b[i].at("loss").get<double>()) << i;
+  expect_same_losses(base + "/local", base + "/remote");
 
   // A wrong secret: the server refuses the signature (403); one message names the object, the
   // endpoint and the credentials' source, and the secret appears nowhere in the output.
@@ -170,9 +193,25 @@ TEST(ObjectStore, TrainsFromS3ShardsAsFromLocalFilesAndAWrongSecretIsOneErrorWit
       << denied.output;
   EXPECT_EQ(denied.output.find(wrong), std::string::npos) << denied.output;
   EXPECT_EQ(denied.output.find(server.secret_key), std::string::npos) << denied.output;
-  auto denied_run = train_tiny(base + "/denied", with("s3://shards/fashion/train-{000000..000002}.tar"), server.env(wrong));
+  auto denied_run = train_from(base, "denied", "s3://shards/fashion/train-{000000..000002}.tar", server.env(wrong));
   EXPECT_NE(denied_run.exit_code, 0) << denied_run.output;
   EXPECT_EQ(denied_run.output.find(wrong), std::string::npos) << denied_run.output;
   for (const char* f : {"/denied/metrics.jsonl", "/denied/config.yaml"})
     if (fs::exists(base + f)) EXPECT_EQ(read_file(base + f).find(wrong), std::string::npos) << f;
+}
+
+TEST(ObjectStore, ThrottlingAnswersAndAConnectionCutMidObjectAreRetriedToTheSameBytes) {
+  // Through tests/s3_server.py's fault proxy: every object's first GET is a 503 SlowDown, and
+  // train-000001.tar's next one breaks after half its bytes — the reads retry with backoff and
+  // resume with a Range request, so training sees exactly the bytes of the local files.
+  REQUIRE_DATA();
+  REQUIRE_MOTO();
+  const std::string base = scratch_dir("object_store_faults");
+  const S3Server server("shards", pack_fashion_shards(base), /*faults=*/true);
+  ASSERT_TRUE(server.running()) << "the S3 server did not start (" << moto_python() << " tests/s3_server.py)";
+  auto local = train_from(base, "local", base + "/shards/train-{000000..000002}.tar", "");
+  ASSERT_EQ(local.exit_code, 0) << local.output;
+  auto remote = train_from(base, "remote", "s3://shards/fashion/train-*.tar", server.env(server.secret_key));
+  ASSERT_EQ(remote.exit_code, 0) << remote.output;
+  expect_same_losses(base + "/local", base + "/remote");
 }
