@@ -132,7 +132,16 @@ MemoryEstimate estimate_memory(const Config& config, const ResolvedRun& run, int
   e.activations = int64_t(activations);
 
   // Backward, unit by unit from the head; `below` is what the units not yet reached still keep.
-  double peak = 0, below = activations, grads_done = 0;
+  // Under FSDP with gradient accumulation that reduces once a step, every unit's unsharded
+  // gradients outlive its backward until the step's last micro-batch (parallel/fsdp.h).
+  const bool accumulates_unsharded =
+      sharded && config.train.grad_accum > 1 && !config.parallel.reduce_every_micro_batch;
+  double accumulated = 0;  // from the second micro-batch on: every unit's
+  if (accumulates_unsharded)
+    for (const auto& u : units) accumulated += double(u.parameters) * compute_bytes;
+  // On one process, accumulated gradients (.grad, fp32) are all there from the second micro-batch.
+  const bool accumulates_whole = !sharded && config.train.grad_accum > 1;
+  double peak = 0, below = activations, grads_done = accumulates_whole ? double(master) : 0;
   std::string peak_at;
   for (size_t j = count; j-- > 0;) {
     below -= kept[j];
@@ -140,14 +149,14 @@ MemoryEstimate estimate_memory(const Config& config, const ResolvedRun& run, int
     double transient = kept[j] + recomputed[j] + units[j].backward_working * samples * compute_bytes;
     if (sharded) {
       const double neighbour = j > 0 ? double(units[j - 1].parameters) : 0;
-      transient += unit * compute_bytes;             // the unit's unsharded gradients
       if (cuda) transient += (unit + neighbour) * compute_bytes + 2 * unit * reduce_bytes;  // gathers, reduces
       grads_done += double(shard_of(units[j].parameters)) * 4;
+      if (!accumulates_unsharded) transient += unit * compute_bytes;  // the unit's unsharded gradients
     } else {
-      grads_done += unit * 4;
+      if (!accumulates_whole) grads_done += unit * 4;
       if (bf16) transient += unit * 2;  // autocast's bf16 copy of the unit's weights
     }
-    const double live = below + transient + grads_done;
+    const double live = below + transient + grads_done + accumulated;
     if (live > peak) {
       peak = live;
       peak_at = "backward of " + units[j].name;
