@@ -290,7 +290,7 @@ std::vector<Section> build_schema() {
                   .add("prefetch", &DataConfig::prefetch, at_least(1), "queued batches")
                   .add("shards", &DataConfig::shards, any_value(),
                        "shards: WebDataset tar entries, brace patterns (train-{000000..000099}.tar): local paths, "
-                       "http(s):// URLs or pipe:COMMAND")
+                       "http(s):// URLs, s3:// / gs:// objects (a * in the key is listed) or pipe:COMMAND")
                   .add("shard_list", &DataConfig::shard_list, any_value(), "shards: a file of further entries, one a line")
                   .add("shard_index", &DataConfig::shard_index, any_value(),
                        "shards: index.json with sample counts (default: index.json beside local shards; shards "
@@ -320,9 +320,9 @@ std::vector<Section> build_schema() {
                        "shards: append each rank's sample keys to <out_dir>/data/keys-rank-RRRRR.txt")
                   .add("skip_batches", &DataConfig::skip_batches, any_value(),
                        "batches of the data order to discard, by ordinal (1 = first drawn): 'N' or 'A-B'")
-                  .add("fetch_retries", &DataConfig::fetch_retries, at_least(0), "shards: http retries with backoff")
+                  .add("fetch_retries", &DataConfig::fetch_retries, at_least(0), "shards: http(s)/s3 retries with jittered backoff")
                   .add("fetch_timeout_s", &DataConfig::fetch_timeout_s, above(0),
-                       "shards: http connect timeout, and the stall limit (below 1 byte/s)")
+                       "shards: http(s)/s3 connect timeout, and the stall limit (below 1 byte/s)")
                   .section());
 
   s.push_back(section("optim", &Config::optim)
