@@ -21,6 +21,12 @@ struct ImageDataset {
   // precomputed embeddings ("txt" [N, L, D], "txt_mask", "vec" [N, D']).
   std::map<std::string, at::Tensor> fields;
   int64_t size() const { return images.defined() ? images.size(0) : 0; }
+  // Bytes held: images, labels and fields (the memory estimate counts them on the CPU).
+  int64_t nbytes() const {
+    int64_t n = int64_t((images.defined() ? images.nbytes() : 0) + (labels.defined() ? labels.nbytes() : 0));
+    for (const auto& [name, t] : fields) n += int64_t(t.nbytes());
+    return n;
+  }
 };
 
 // N random images with random labels, a pure function of the seed: for benchmarks and tests

@@ -38,6 +38,8 @@ class DataSession {
   // `dataset`: the in-memory set (null for shards). Nothing is read until start().
   DataSession(const Config& config, std::shared_ptr<const data::ImageDataset> dataset, DataPlacement placement);
   ~DataSession();
+  // Bytes of the in-memory data set the batches come from (0 for streamed shards).
+  int64_t dataset_bytes() const { return dataset_ ? dataset_->nbytes() : 0; }
 
   // (Re)starts the batch source at `progress` (its loader state, the merged shard state of a
   // resume, the batches to discard): at the start of a run and after a rollback. Shards: checks

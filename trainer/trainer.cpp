@@ -296,6 +296,8 @@ Trainer::~Trainer() {
   if (runtime_) runtime_->shutdown();
 }
 
+int64_t Trainer::dataset_bytes() const { return data_->dataset_bytes(); }
+
 void Trainer::write_rank_report() {
   // Per-rank facts a multi-rank run cannot show in rank 0's log: this rank's memory of training
   // state (counted from the tensors) and where it sat in the mesh.

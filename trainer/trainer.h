@@ -64,6 +64,8 @@ class Trainer {
   // Persistent training-state bytes on this rank (weights, grads, AdamW, EMA): the memory report.
   int64_t state_bytes() const { return state_->state_bytes(); }
   c10::Device device() const { return device_; }
+  // Bytes of the data set this run holds in memory (0 for streamed shards).
+  int64_t dataset_bytes() const;
   // Host bytes of the asynchronous checkpoint's staging buffers (0 before the first async save).
   int64_t checkpoint_staging_bytes() const { return checkpoints_->staging_bytes(); }
   // Every rank's `value`, by rank (a collective over the world in a multi-rank run).

@@ -6,12 +6,21 @@
 #pragma once
 
 #include "data/shards/byte_stream.h"
-#include "data/shards/s3.h"
 
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace flowtrain::data {
+
+// How libcurl signs a request (CURLOPT_AWS_SIGV4, CURLOPT_USERPWD) and the headers it adds.
+struct HttpAuth {
+  std::string aws_sigv4;      // "aws:amz:REGION:s3"; empty: no signing
+  std::string user_password;  // "ACCESS_KEY:SECRET_KEY"
+  std::vector<std::string> headers;  // S3's x-amz-content-sha256, x-amz-security-token
+  bool empty() const { return aws_sigv4.empty(); }
+};
+
 
 std::unique_ptr<ByteStream> open_http_stream(const std::string& url, const FetchOptions& options);
 // A signed request (an s3:// object): `name` is what messages call it (the s3:// entry; never the

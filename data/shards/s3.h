@@ -14,6 +14,7 @@
 #pragma once
 
 #include "data/shards/byte_stream.h"
+#include "data/shards/http_stream.h"
 
 #include <functional>
 #include <optional>
@@ -53,13 +54,7 @@ S3Endpoint resolve_endpoint(const S3Object& object, const EnvLookup& env);
 // but A–Z a–z 0–9 - _ . ~ and the key's '/' separators).
 std::string object_http_url(const S3Object& object, const S3Endpoint& endpoint);
 
-// How libcurl signs a request (CURLOPT_AWS_SIGV4, CURLOPT_USERPWD) and the headers it adds.
-struct HttpAuth {
-  std::string aws_sigv4;      // "aws:amz:REGION:s3"; empty: no signing
-  std::string user_password;  // "ACCESS_KEY:SECRET_KEY"
-  std::vector<std::string> headers;  // x-amz-security-token, x-amz-content-sha256
-  bool empty() const { return aws_sigv4.empty(); }
-};
+// How an S3 request is signed (http_stream.h HttpAuth).
 HttpAuth sigv4_auth(const S3Credentials& credentials, const S3Endpoint& endpoint);
 
 // Opens one object for streaming (an entry of data.shards), signed; the stream's name is `url`.

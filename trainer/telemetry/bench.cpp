@@ -214,15 +214,9 @@ BenchReport run_benchmark(Config config, const BenchOptions& o) {
   r.allocated_kind = peaks.allocated_kind;
   r.peak_memory_bytes = device.is_cuda() ? peaks.allocated_bytes : peaks.rss_bytes;
   r.memory_kind = device.is_cuda() ? "cuda peak allocated" : "cpu peak RSS";
-  // The data set the run held in memory, built again (it fit once) to size it: on the CPU it is
-  // part of the measured peak.
-  int64_t dataset_bytes = 0;
-  if (const auto dataset = build_dataset(config)) {
-    dataset_bytes = int64_t(dataset->images.nbytes() + dataset->labels.nbytes());
-    for (const auto& [name, t] : dataset->fields) dataset_bytes += int64_t(t.nbytes());
-  }
+  // The data set the run holds in memory: on the CPU it is part of the measured peak.
   const MemoryEstimate estimate = estimate_memory(
-      config, resolve(config, this_environment(parallel::resolve_dist_env_from_process())), dataset_bytes);
+      config, resolve(config, this_environment(parallel::resolve_dist_env_from_process())), trainer.dataset_bytes());
   if (estimate.available) r.estimated_peak_bytes = estimate.peak;
   if (r.world > 1) {
     r.peak_memory_bytes_per_rank = trainer.gather_from_ranks(r.peak_memory_bytes);
